@@ -1,0 +1,213 @@
+// Package cocoon runs the cocoon CLI. It is the only place that knows cocoon's command lines, output
+// formats and quirks (reference/cocoon-contract.md): every call is an argv with a timeout, stdout
+// and stderr are kept apart, "No ... found." means an empty list, and failures come back as
+// *CommandError values that callers test with errors.Is against ErrNotFound, ErrAlreadyExists,
+// ErrInUse, ErrInvalid and ErrUnsupported.
+package cocoon
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os/exec"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// DefaultTimeout bounds a cocoon call whose caller gives no shorter deadline. cocoon commands are
+// short processes; the long ones (imports, pulls) take an explicit timeout from the caller.
+const DefaultTimeout = 2 * time.Minute
+
+// Options configures a Client. The directory flags are passed to every call: cocoon keeps all its
+// databases under the root dir and new VMs take the run and log dirs of the call that made them.
+type Options struct {
+	Binary     string
+	RootDir    string
+	RunDir     string
+	LogDir     string
+	CNIConfDir string
+	CNIBinDir  string
+	// DNS is the guest resolver list (cocoon's --dns); empty keeps cocoon's default.
+	DNS []string
+	// Timeout overrides DefaultTimeout.
+	Timeout time.Duration
+	Logger  *slog.Logger
+	// Observe, when set, is told the duration and outcome of every call, by subcommand ("vm clone").
+	Observe func(subcommand string, took time.Duration, err error)
+}
+
+// Client runs cocoon commands. It is safe for concurrent use and cheap to copy with With*.
+type Client struct {
+	opts Options
+}
+
+// New returns a client for the cocoon binary in opts.
+func New(opts Options) *Client {
+	if opts.Binary == "" {
+		opts.Binary = "cocoon"
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Client{opts: opts}
+}
+
+// Binary is the cocoon executable the client runs.
+func (c *Client) Binary() string { return c.opts.Binary }
+
+// WithNetwork returns a client whose calls use other CNI directories and guest DNS servers. Empty
+// values keep the receiver's. cocoon reads the CNI directories on create, clone, start and rm (for
+// CNI DEL), so every call on one VM must use the same ones.
+func (c *Client) WithNetwork(cniConfDir, cniBinDir string, dns []string) *Client {
+	o := c.opts
+	if cniConfDir != "" {
+		o.CNIConfDir = cniConfDir
+	}
+	if cniBinDir != "" {
+		o.CNIBinDir = cniBinDir
+	}
+	if len(dns) > 0 {
+		o.DNS = dns
+	}
+	return &Client{opts: o}
+}
+
+func (c *Client) globalArgs() []string {
+	var args []string
+	add := func(flag, value string) {
+		if value != "" {
+			args = append(args, flag, value)
+		}
+	}
+	add("--root-dir", c.opts.RootDir)
+	add("--run-dir", c.opts.RunDir)
+	add("--log-dir", c.opts.LogDir)
+	add("--cni-conf-dir", c.opts.CNIConfDir)
+	add("--cni-bin-dir", c.opts.CNIBinDir)
+	add("--dns", strings.Join(c.opts.DNS, ","))
+	return args
+}
+
+// call is one invocation.
+type call struct {
+	args    []string
+	stdin   io.Reader
+	timeout time.Duration
+}
+
+// maxStderr bounds what is kept of a command's log output; the error line is at the end.
+const maxStderr = 64 << 10
+
+// run executes the call and returns stdout. The process runs in its own process group so a timeout
+// also stops whatever cocoon started in the foreground (qemu-img, mkfs).
+func (c *Client) run(ctx context.Context, cl call) ([]byte, error) {
+	timeout := cl.timeout
+	if timeout <= 0 {
+		timeout = c.opts.Timeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+
+	argv := append(c.globalArgs(), cl.args...)
+	cmd := exec.CommandContext(ctx, c.opts.Binary, argv...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	// A child that keeps our pipes open must not hang the call after cocoon itself exited.
+	cmd.WaitDelay = 5 * time.Second
+	cmd.Stdin = cl.stdin
+	var stdout bytes.Buffer
+	stderr := &tailBuffer{max: maxStderr}
+	cmd.Stdout = &stdout
+	cmd.Stderr = stderr
+
+	start := time.Now()
+	err := cmd.Run()
+	took := time.Since(start)
+	sub := subcommand(cl.args)
+	if err != nil {
+		err = c.commandError(ctx, cl.args, cmd, err, stderr.String())
+	}
+	if c.opts.Observe != nil {
+		c.opts.Observe(sub, took, err)
+	}
+	if err != nil {
+		c.opts.Logger.Debug("cocoon call failed", "args", cl.args, "took", took, "err", err)
+		return nil, err
+	}
+	c.opts.Logger.Debug("cocoon call", "args", cl.args, "took", took)
+	return stdout.Bytes(), nil
+}
+
+func (c *Client) commandError(ctx context.Context, args []string, cmd *exec.Cmd, runErr error, stderr string) error {
+	ce := &CommandError{Args: args, ExitCode: -1, Err: runErr}
+	if cmd.ProcessState != nil {
+		ce.ExitCode = cmd.ProcessState.ExitCode()
+	}
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		// The deadline or cancellation is the cause; the "signal: killed" exit is its effect.
+		ce.Err = ctxErr
+		return ce
+	}
+	ce.Message = errorMessage(stderr)
+	ce.Kind = classify(ce.Message)
+	return ce
+}
+
+// subcommand names a call for logs and metrics: the words before the first flag or argument that
+// is not a command name ("vm clone", "snapshot import").
+func subcommand(args []string) string {
+	n := 0
+	for n < len(args) && n < 2 && !strings.HasPrefix(args[n], "-") {
+		n++
+	}
+	return strings.Join(args[:n], " ")
+}
+
+// emptyList reports cocoon's plain-text empty-list answer ("No VMs found.", "No images found.",
+// "No snapshots found.", "No snapshots found for VM."), printed even with -o json.
+func emptyList(out []byte) bool {
+	s := strings.TrimSpace(string(out))
+	return strings.HasPrefix(s, "No ") && strings.Contains(s, " found")
+}
+
+func decodeList[T any](args []string, out []byte) ([]T, error) {
+	if emptyList(out) {
+		return nil, nil
+	}
+	var items []T
+	if err := json.Unmarshal(out, &items); err != nil {
+		return nil, fmt.Errorf("cocoon %s: decode output: %w", strings.Join(args, " "), err)
+	}
+	return items, nil
+}
+
+func decodeObject[T any](args []string, out []byte) (*T, error) {
+	var item T
+	if err := json.Unmarshal(bytes.TrimSpace(out), &item); err != nil {
+		return nil, fmt.Errorf("cocoon %s: decode output: %w", strings.Join(args, " "), err)
+	}
+	return &item, nil
+}
+
+// tailBuffer keeps the last max bytes written to it.
+type tailBuffer struct {
+	max int
+	buf []byte
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.buf = append(t.buf, p...)
+	if over := len(t.buf) - t.max; over > 0 {
+		t.buf = append(t.buf[:0], t.buf[over:]...)
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string { return string(t.buf) }

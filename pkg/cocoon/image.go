@@ -1,0 +1,52 @@
+package cocoon
+
+import (
+	"context"
+	"io"
+)
+
+// ImageImport imports a qcow2 (becomes a cloud image) or tar (becomes an OCI image) from r under
+// name and returns the image. cocoon prints nothing for an import, so it is looked up by name.
+func (c *Client) ImageImport(ctx context.Context, r io.Reader, name string) (*Image, error) {
+	if _, err := c.run(ctx, call{args: []string{"image", "import", name}, stdin: r, timeout: transferTimeout}); err != nil {
+		return nil, err
+	}
+	return c.ImageInspect(ctx, name)
+}
+
+// ImagePull pulls an OCI image reference (or downloads a cloud image URL) and returns it. cocoon
+// stores the literal reference string, so the same string must be used to run the image.
+func (c *Client) ImagePull(ctx context.Context, ref string, force bool) (*Image, error) {
+	args := appendIf([]string{"image", "pull"}, force, "--force")
+	if _, err := c.run(ctx, call{args: append(args, ref), timeout: transferTimeout}); err != nil {
+		return nil, err
+	}
+	return c.ImageInspect(ctx, ref)
+}
+
+// ImageInspect returns one image by reference or digest.
+func (c *Client) ImageInspect(ctx context.Context, ref string) (*Image, error) {
+	args := []string{"image", "inspect", ref}
+	out, err := c.run(ctx, call{args: args})
+	if err != nil {
+		return nil, err
+	}
+	return decodeObject[Image](args, out)
+}
+
+// ImageList returns every image of both backends.
+func (c *Client) ImageList(ctx context.Context) ([]Image, error) {
+	args := []string{"image", "list", "-o", "json"}
+	out, err := c.run(ctx, call{args: args})
+	if err != nil {
+		return nil, err
+	}
+	return decodeList[Image](args, out)
+}
+
+// ImageRemove deletes an image's index entry (cocoon frees the blobs at gc). A missing image is
+// ErrNotFound.
+func (c *Client) ImageRemove(ctx context.Context, ref string) error {
+	_, err := c.run(ctx, call{args: []string{"image", "rm", ref}})
+	return err
+}

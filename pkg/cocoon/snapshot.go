@@ -1,0 +1,49 @@
+package cocoon
+
+import (
+	"context"
+	"io"
+	"time"
+)
+
+// transferTimeout bounds imports and pulls, whose real limit is the caller's context: multi-GiB
+// archives take minutes.
+const transferTimeout = 6 * time.Hour
+
+// SnapshotImport imports a snapshot archive (tar, gzip detected by cocoon) from r under name and
+// returns the imported snapshot. cocoon prints no JSON for an import, so it is looked up by name.
+func (c *Client) SnapshotImport(ctx context.Context, r io.Reader, name, description string) (*Snapshot, error) {
+	args := []string{"snapshot", "import", "--name", name}
+	args = appendIf(args, description != "", "--description", description)
+	if _, err := c.run(ctx, call{args: args, stdin: r, timeout: transferTimeout}); err != nil {
+		return nil, err
+	}
+	return c.SnapshotInspect(ctx, name)
+}
+
+// SnapshotInspect returns one snapshot by ID or name.
+func (c *Client) SnapshotInspect(ctx context.Context, ref string) (*Snapshot, error) {
+	args := []string{"snapshot", "inspect", ref}
+	out, err := c.run(ctx, call{args: args})
+	if err != nil {
+		return nil, err
+	}
+	return decodeObject[Snapshot](args, out)
+}
+
+// SnapshotList returns every snapshot.
+func (c *Client) SnapshotList(ctx context.Context) ([]Snapshot, error) {
+	args := []string{"snapshot", "list", "-o", "json"}
+	out, err := c.run(ctx, call{args: args})
+	if err != nil {
+		return nil, err
+	}
+	return decodeList[Snapshot](args, out)
+}
+
+// SnapshotRemove deletes a snapshot. A missing one is ErrNotFound. cocoon does not check for
+// on-demand clones that still read the snapshot's memory file: that is the caller's job.
+func (c *Client) SnapshotRemove(ctx context.Context, ref string) error {
+	_, err := c.run(ctx, call{args: []string{"snapshot", "rm", ref}})
+	return err
+}

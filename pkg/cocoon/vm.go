@@ -1,0 +1,190 @@
+package cocoon
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+)
+
+// CreateOptions are the flags of vm create and vm run. Every field is passed explicitly, so zero
+// means zero (NICs 0 = no network), not cocoon's default.
+type CreateOptions struct {
+	Name        string
+	CPU         int
+	Memory      int64 // bytes
+	Storage     int64 // COW disk bytes
+	NICs        int
+	Network     string // CNI conflist name; empty = cocoon's default
+	Bridge      string // TAP on this host bridge instead of CNI
+	NoDirectIO  bool
+	Windows     bool
+	Firecracker bool
+}
+
+func (o CreateOptions) args() []string {
+	args := []string{"--name", o.Name,
+		"--cpu", strconv.Itoa(o.CPU),
+		"--memory", strconv.FormatInt(o.Memory, 10),
+		"--storage", strconv.FormatInt(o.Storage, 10),
+		"--nics", strconv.Itoa(o.NICs)}
+	args = appendIf(args, o.Network != "", "--network", o.Network)
+	args = appendIf(args, o.Bridge != "", "--bridge", o.Bridge)
+	args = appendIf(args, o.NoDirectIO, "--no-direct-io")
+	args = appendIf(args, o.Windows, "--windows")
+	args = appendIf(args, o.Firecracker, "--fc")
+	return args
+}
+
+// CloneOptions are the flags of vm clone. Zero values inherit from the snapshot, as in cocoon.
+type CloneOptions struct {
+	Name       string // required: cocoon v0.3.8 fails without it
+	CPU        int
+	Memory     int64
+	Storage    int64
+	NICs       int
+	Network    string
+	Bridge     string
+	NoDirectIO bool
+	// OnDemand restores memory lazily (cloud-hypervisor only): the source snapshot must stay on
+	// disk for as long as the clone lives.
+	OnDemand bool
+	// Pull fetches the snapshot's base image by its recorded digest when it is missing.
+	Pull bool
+}
+
+func (o CloneOptions) args() []string {
+	args := []string{"--name", o.Name}
+	args = appendIf(args, o.CPU > 0, "--cpu", strconv.Itoa(o.CPU))
+	args = appendIf(args, o.Memory > 0, "--memory", strconv.FormatInt(o.Memory, 10))
+	args = appendIf(args, o.Storage > 0, "--storage", strconv.FormatInt(o.Storage, 10))
+	args = appendIf(args, o.NICs > 0, "--nics", strconv.Itoa(o.NICs))
+	args = appendIf(args, o.Network != "", "--network", o.Network)
+	args = appendIf(args, o.Bridge != "", "--bridge", o.Bridge)
+	args = appendIf(args, o.NoDirectIO, "--no-direct-io")
+	args = appendIf(args, o.OnDemand, "--on-demand")
+	args = appendIf(args, o.Pull, "--pull")
+	return args
+}
+
+func appendIf(args []string, cond bool, more ...string) []string {
+	if cond {
+		return append(args, more...)
+	}
+	return args
+}
+
+// VMCreate registers a VM from a local image without starting it (state created).
+func (c *Client) VMCreate(ctx context.Context, image string, o CreateOptions) (*VM, error) {
+	args := append(append([]string{"vm", "create"}, o.args()...), "-o", "json", image)
+	out, err := c.run(ctx, call{args: args})
+	if err != nil {
+		return nil, err
+	}
+	return decodeObject[VM](args, out)
+}
+
+// VMRun creates and starts a VM from a local image. If the start fails cocoon leaves the record in
+// state error; the caller removes it.
+func (c *Client) VMRun(ctx context.Context, image string, o CreateOptions) (*VM, error) {
+	args := append(append([]string{"vm", "run"}, o.args()...), "-o", "json", image)
+	out, err := c.run(ctx, call{args: args})
+	if err != nil {
+		return nil, err
+	}
+	vm, err := decodeObject[VM](args, out)
+	if err != nil {
+		return nil, err
+	}
+	return c.settled(ctx, vm)
+}
+
+// VMClone creates a running VM from a local snapshot.
+func (c *Client) VMClone(ctx context.Context, snapshot string, o CloneOptions) (*VM, error) {
+	if o.Name == "" {
+		// cocoon v0.3.8 validates the name before applying its documented default.
+		return nil, fmt.Errorf("clone %s: a VM name is required: %w", snapshot, ErrInvalid)
+	}
+	args := append(append([]string{"vm", "clone"}, o.args()...), "-o", "json", snapshot)
+	out, err := c.run(ctx, call{args: args})
+	if err != nil {
+		return nil, err
+	}
+	vm, err := decodeObject[VM](args, out)
+	if err != nil {
+		return nil, err
+	}
+	return c.settled(ctx, vm)
+}
+
+// settled returns the VM as inspect sees it when the lifecycle output cannot be trusted: clone
+// always prints pid 0, and run prints the pre-start record when its own re-inspect failed.
+func (c *Client) settled(ctx context.Context, vm *VM) (*VM, error) {
+	if vm.State == VMStateRunning && vm.PID > 0 {
+		return vm, nil
+	}
+	return c.VMInspect(ctx, vm.ID)
+}
+
+// VMStart starts a created or stopped VM; a running VM is a success. cocoon first recreates a
+// missing netns and CNI setup from the persisted MAC and IP.
+func (c *Client) VMStart(ctx context.Context, id string) error {
+	_, err := c.run(ctx, call{args: []string{"vm", "start", id}})
+	return err
+}
+
+// StopOptions are the flags of vm stop.
+type StopOptions struct {
+	// Force skips the graceful shutdown (ACPI power button for UEFI guests).
+	Force bool
+	// Timeout is the graceful shutdown budget; 0 uses cocoon's configured default (30 s).
+	Timeout time.Duration
+}
+
+// escalation is what cocoon spends after the graceful budget: SIGTERM, 5 s, SIGKILL, bookkeeping.
+const escalation = 15 * time.Second
+
+// VMStop stops a VM; stopping a VM that is not running succeeds.
+func (c *Client) VMStop(ctx context.Context, id string, o StopOptions) error {
+	args := []string{"vm", "stop"}
+	args = appendIf(args, o.Force, "--force")
+	budget := 30 * time.Second
+	if o.Timeout > 0 {
+		secs := int(math.Ceil(o.Timeout.Seconds()))
+		args = append(args, "--timeout", strconv.Itoa(secs))
+		budget = time.Duration(secs) * time.Second
+	}
+	args = append(args, id)
+	_, err := c.run(ctx, call{args: args, timeout: budget + escalation + c.opts.Timeout})
+	return err
+}
+
+// VMRemove deletes a VM, its run and log dirs and its network (CNI DEL, netns). force also stops a
+// running VM. A missing VM is an ErrNotFound error, not a success: cocoon exits 1.
+func (c *Client) VMRemove(ctx context.Context, id string, force bool) error {
+	args := appendIf([]string{"vm", "rm"}, force, "--force")
+	_, err := c.run(ctx, call{args: append(args, id)})
+	return err
+}
+
+// VMInspect returns one VM with its state reconciled against the hypervisor process ("stopped
+// (stale)" when the record says running but the process is gone).
+func (c *Client) VMInspect(ctx context.Context, ref string) (*VM, error) {
+	args := []string{"vm", "inspect", ref}
+	out, err := c.run(ctx, call{args: args})
+	if err != nil {
+		return nil, err
+	}
+	return decodeObject[VM](args, out)
+}
+
+// VMList returns every VM. States are the raw records: a dead hypervisor still shows "running".
+func (c *Client) VMList(ctx context.Context) ([]VM, error) {
+	args := []string{"vm", "list", "-o", "json"}
+	out, err := c.run(ctx, call{args: args})
+	if err != nil {
+		return nil, err
+	}
+	return decodeList[VM](args, out)
+}
