@@ -1,0 +1,196 @@
+package store
+
+import (
+	"slices"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// Proto stores a CRI message as protojson inside a record, so records stay readable and survive
+// field additions in the CRI.
+type Proto[M proto.Message] struct{ Msg M }
+
+// MarshalJSON implements json.Marshaler.
+func (p Proto[M]) MarshalJSON() ([]byte, error) { return protojson.Marshal(p.Msg) }
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (p *Proto[M]) UnmarshalJSON(data []byte) error {
+	var zero M
+	msg := zero.ProtoReflect().Type().New().Interface().(M)
+	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(data, msg); err != nil {
+		return err
+	}
+	p.Msg = msg
+	return nil
+}
+
+// SandboxState is a sandbox's lifecycle state.
+type SandboxState string
+
+const (
+	// SandboxCreating marks a RunPodSandbox that has not finished. A record left in this state by a
+	// crash is rolled back at startup, so the kubelet's retry starts clean.
+	SandboxCreating SandboxState = "creating"
+	SandboxReady    SandboxState = "ready"
+	SandboxNotReady SandboxState = "notready"
+)
+
+// Sandbox is a pod sandbox.
+type Sandbox struct {
+	ID string `json:"id"`
+	// Name is unique among sandboxes: the kubelet's metadata name_namespace_uid_attempt.
+	Name           string                              `json:"name"`
+	State          SandboxState                        `json:"state"`
+	Config         Proto[*runtimeapi.PodSandboxConfig] `json:"config"`
+	RuntimeHandler string                              `json:"runtime_handler"`
+	// NetNS is the path of the pod's network namespace; empty once removed.
+	NetNS     string    `json:"netns,omitempty"`
+	CreatedAt int64     `json:"created_at"` // Unix nanoseconds
+	VM        VMOptions `json:"vm"`
+}
+
+// VMOptions are the pod's cocoon settings, parsed from its annotations when the sandbox is made.
+type VMOptions struct {
+	Backend    string `json:"backend,omitempty"` // cocoon.Hypervisor*; empty = cloud-hypervisor
+	NoDirectIO bool   `json:"no_direct_io,omitempty"`
+	Storage    int64  `json:"storage,omitempty"` // COW disk bytes; 0 = default
+	Windows    bool   `json:"windows,omitempty"`
+	Network    string `json:"network,omitempty"` // CNI conflist name for cocoon
+}
+
+func (s *Sandbox) key() string          { return s.ID }
+func (s *Sandbox) uniqueKeys() []string { return []string{"name/" + s.Name} }
+func (s *Sandbox) clone() *Sandbox      { c := *s; return &c }
+
+// SandboxNameKey is the unique key a sandbox name is indexed under (for Table.Lookup).
+func SandboxNameKey(name string) string { return "name/" + name }
+
+// ContainerState is a container's lifecycle state.
+type ContainerState string
+
+const (
+	ContainerCreated ContainerState = "created"
+	ContainerRunning ContainerState = "running"
+	ContainerExited  ContainerState = "exited"
+)
+
+// Container is a container: one VM over its life.
+type Container struct {
+	ID        string `json:"id"`
+	SandboxID string `json:"sandbox_id"`
+	// Name is unique among containers: name_sandboxname_attempt.
+	Name   string                             `json:"name"`
+	Config Proto[*runtimeapi.ContainerConfig] `json:"config"`
+	// ImageRef is the image as the user named it; ImageID the record it resolved to.
+	ImageRef string         `json:"image_ref"`
+	ImageID  string         `json:"image_id"`
+	State    ContainerState `json:"state"`
+	// LogPath is the container's CRI log file (sandbox log directory + config log path), or empty.
+	LogPath    string `json:"log_path,omitempty"`
+	CreatedAt  int64  `json:"created_at"`
+	StartedAt  int64  `json:"started_at,omitempty"`
+	FinishedAt int64  `json:"finished_at,omitempty"`
+	ExitCode   int32  `json:"exit_code,omitempty"`
+	Reason     string `json:"reason,omitempty"`
+	Message    string `json:"message,omitempty"`
+	VM         VM     `json:"vm"`
+}
+
+// VMMode says how a container's VM is made.
+type VMMode string
+
+const (
+	// VMClone clones a cocoon snapshot (vm clone).
+	VMClone VMMode = "clone"
+	// VMBoot boots a cocoon image (vm create, then vm start).
+	VMBoot VMMode = "boot"
+)
+
+// VM is the cocoon VM behind a container: the spec decided at CreateContainer and, once started,
+// cocoon's ID and the hypervisor PID.
+type VM struct {
+	Name       string `json:"name"`
+	Mode       VMMode `json:"mode"`
+	Source     string `json:"source"` // local snapshot or image name in cocoon
+	CPU        int    `json:"cpu"`
+	Memory     int64  `json:"memory"`
+	Storage    int64  `json:"storage"`
+	Backend    string `json:"backend"`
+	NoDirectIO bool   `json:"no_direct_io,omitempty"`
+	Windows    bool   `json:"windows,omitempty"`
+	Network    string `json:"network,omitempty"`
+	// OnDemand marks a clone that reads its memory lazily from the source snapshot, which must stay
+	// on disk while the VM exists.
+	OnDemand bool   `json:"on_demand,omitempty"`
+	ID       string `json:"id,omitempty"`
+	PID      int    `json:"pid,omitempty"`
+}
+
+func (c *Container) key() string          { return c.ID }
+func (c *Container) uniqueKeys() []string { return []string{"name/" + c.Name} }
+func (c *Container) clone() *Container    { n := *c; return &n }
+
+// ContainerNameKey is the unique key a container name is indexed under (for Table.Lookup).
+func ContainerNameKey(name string) string { return "name/" + name }
+
+// ImageKind says what a CRI image is in cocoon.
+type ImageKind string
+
+const (
+	// ImageSnapshot is a cocoon snapshot: containers clone it.
+	ImageSnapshot ImageKind = "snapshot"
+	// ImageCloud is a cloud (OS disk) image: containers boot it with UEFI.
+	ImageCloud ImageKind = "cloudimg"
+	// ImageOCI is an OCI VM image (kernel and initrd in layers): containers direct-boot it.
+	ImageOCI ImageKind = "oci"
+)
+
+// Image is a CRI image and the cocoon artifact behind it.
+type Image struct {
+	// ID is the image's digest ("sha256:<hex>").
+	ID          string    `json:"id"`
+	RepoTags    []string  `json:"repo_tags,omitempty"`
+	RepoDigests []string  `json:"repo_digests,omitempty"`
+	Size        int64     `json:"size"`
+	Kind        ImageKind `json:"kind"`
+	// LocalName is the artifact's name in cocoon (snapshot name or image name).
+	LocalName string `json:"local_name"`
+	// Snapshot describes a snapshot artifact: the floor of every clone's resources.
+	Snapshot  *SnapshotInfo `json:"snapshot,omitempty"`
+	CreatedAt int64         `json:"created_at"`
+	// Removed marks an image the CRI no longer shows whose artifact is still needed by a
+	// container (a clone reading the snapshot's memory on demand, or a container not yet
+	// started). The artifact is deleted once nothing needs it.
+	Removed bool `json:"removed,omitempty"`
+}
+
+// SnapshotInfo is what a clone needs to know about its source snapshot.
+type SnapshotInfo struct {
+	CPU        int    `json:"cpu"`
+	Memory     int64  `json:"memory"`
+	Storage    int64  `json:"storage"`
+	NICs       int    `json:"nics"`
+	Hypervisor string `json:"hypervisor"`
+	ImageType  string `json:"image_type,omitempty"`
+	Windows    bool   `json:"windows,omitempty"`
+}
+
+func (i *Image) key() string { return i.ID }
+
+// uniqueKeys are the image's references: a tag or digest reference names one image.
+func (i *Image) uniqueKeys() []string {
+	return append(slices.Clone(i.RepoTags), i.RepoDigests...)
+}
+
+func (i *Image) clone() *Image {
+	c := *i
+	c.RepoTags = slices.Clone(i.RepoTags)
+	c.RepoDigests = slices.Clone(i.RepoDigests)
+	if i.Snapshot != nil {
+		s := *i.Snapshot
+		c.Snapshot = &s
+	}
+	return &c
+}
