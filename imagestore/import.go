@@ -1,0 +1,166 @@
+package imagestore
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/pkg/store"
+)
+
+// localNamePrefix starts every cocoon artifact cocoon-cri owns.
+const localNamePrefix = "cri-sha256-"
+
+// LocalName is the cocoon artifact name of an image ID: derived from the digest, so references to
+// one digest share one artifact.
+func LocalName(id string) string {
+	return localNamePrefix + strings.TrimPrefix(id, "sha256:")
+}
+
+// Import brings an artifact from r into cocoon and records it under ref: a cocoon snapshot archive
+// (containers clone it) or a qcow2 cloud image (containers boot it), gzip-wrapped or not. digest
+// is the sha256 of the bytes of r; a stream that does not match it is rejected and leaves nothing.
+// Importing a digest already present only adds the reference.
+func (s *Service) Import(ctx context.Context, ref, digest string, r io.Reader) (*store.Image, error) {
+	tag, err := NormalizeTag(ref)
+	if err != nil {
+		return nil, err
+	}
+	id, ok := asID(digest)
+	if !ok {
+		return nil, fmt.Errorf("digest %q is not a sha256 digest: %w", digest, ErrInvalid)
+	}
+	img, err := s.importLocked(ctx, id, tag, r)
+	if err != nil {
+		return nil, err
+	}
+	// The tag may have left another image with no reference: delete it unless still needed.
+	if err := s.Sweep(ctx); err != nil {
+		s.log.Warn("deleting unused artifacts failed; the next removal retries", "err", err)
+	}
+	return img, nil
+}
+
+func (s *Service) importLocked(ctx context.Context, id, tag string, r io.Reader) (*store.Image, error) {
+	unlock := s.digestLocks.Lock(id)
+	defer unlock()
+	// cocoon already holds the artifact of a known digest (maybe of a removed image): tag it.
+	if img, err := s.store.Images.Get(id); err == nil {
+		return s.commit(img, tag)
+	}
+	br := bufio.NewReaderSize(r, peekSize)
+	kind, err := detectKind(br)
+	if err != nil {
+		return nil, err
+	}
+	img, err := s.importArtifact(ctx, id, kind, br)
+	if err != nil {
+		return nil, err
+	}
+	return s.commit(img, tag)
+}
+
+// importArtifact streams the artifact into cocoon under the digest's local name and checks the
+// digest. On any failure the artifact is deleted again.
+func (s *Service) importArtifact(ctx context.Context, id string, kind store.ImageKind, r io.Reader) (*store.Image, error) {
+	name := LocalName(id)
+	// A leftover of an import that a crash cut short holds the name: no record points at it.
+	if err := s.deleteArtifact(ctx, kind, name); err != nil {
+		return nil, err
+	}
+	hash := sha256.New()
+	counted := &countingReader{r: io.TeeReader(r, hash)}
+	img := &store.Image{ID: id, Kind: kind, LocalName: name, CreatedAt: time.Now().UnixNano()}
+	start := time.Now()
+	err := s.runImport(ctx, img, counted)
+	if err == nil {
+		// cocoon may stop reading at the tar end-of-archive blocks; the padding after them is part
+		// of the digest.
+		_, err = io.Copy(io.Discard, counted)
+	}
+	if err == nil {
+		if got := "sha256:" + hex.EncodeToString(hash.Sum(nil)); got != id {
+			err = fmt.Errorf("content digest is %s, not the expected %s: %w", got, id, ErrInvalid)
+		}
+	}
+	if err != nil {
+		// The caller's context may be what failed; the cleanup gets its own.
+		cleanupCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cocoon.DefaultTimeout)
+		defer cancel()
+		if delErr := s.deleteArtifact(cleanupCtx, kind, name); delErr != nil {
+			s.log.Error("could not delete the artifact of a failed import", "artifact", name, "err", delErr)
+		}
+		return nil, fmt.Errorf("import %s: %w", id, err)
+	}
+	img.Size = counted.n
+	s.log.Info("image imported", "image", id, "kind", kind, "artifact", name, "bytes", counted.n, "took", time.Since(start))
+	return img, nil
+}
+
+func (s *Service) runImport(ctx context.Context, img *store.Image, r io.Reader) error {
+	if img.Kind == store.ImageSnapshot {
+		snap, err := s.cocoon.SnapshotImport(ctx, r, img.LocalName, "")
+		if err != nil {
+			return err
+		}
+		img.Snapshot = &store.SnapshotInfo{
+			CPU: snap.CPU, Memory: snap.Memory, Storage: snap.Storage, NICs: snap.NICs,
+			Hypervisor: snap.Hypervisor, ImageType: snap.ImageType, Windows: snap.Windows,
+		}
+		if img.Snapshot.Hypervisor == "" {
+			img.Snapshot.Hypervisor = cocoon.HypervisorCloudHypervisor
+		}
+		return nil
+	}
+	_, err := s.cocoon.ImageImport(ctx, r, img.LocalName)
+	return err
+}
+
+// commit records img under tag in one transaction: the tag leaves any image that held it (which
+// is removed if that was its last reference), and a removed image becomes visible again.
+// The caller holds the digest lock of img.
+func (s *Service) commit(img *store.Image, tag string) (*store.Image, error) {
+	var out *store.Image
+	err := s.store.Images.Update(func(tx *store.Tx[store.Image]) error {
+		if holder, ok := tx.Holder(tag); ok && holder != img.ID {
+			old, _ := tx.Get(holder)
+			dropReference(old, tag)
+			old.Removed = len(old.RepoTags)+len(old.RepoDigests) == 0
+			if err := tx.Put(old); err != nil {
+				return err
+			}
+		}
+		rec, ok := tx.Get(img.ID)
+		if !ok {
+			rec = img
+		}
+		rec.Removed = false
+		if !slices.Contains(rec.RepoTags, tag) {
+			rec.RepoTags = append(rec.RepoTags, tag)
+		}
+		out = rec
+		return tx.Put(rec)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("record image %s: %w", img.ID, err)
+	}
+	return out, nil
+}
+
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}

@@ -1,0 +1,193 @@
+// Package imagestore keeps the CRI's images: records in pkg/store, artifacts in cocoon (snapshots
+// for clones, cloud and OCI images for boots). An image's ID is its content digest, its cocoon
+// artifact is named after that digest, so two references to one digest share one artifact.
+package imagestore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/pkg/keylock"
+	"github.com/cocoonstack/cocoon-cri/pkg/refresh"
+	"github.com/cocoonstack/cocoon-cri/pkg/store"
+)
+
+var (
+	// ErrNotFound: no image has that reference or ID.
+	ErrNotFound = errors.New("image not found")
+	// ErrInvalid: the reference or the content is not acceptable.
+	ErrInvalid = errors.New("invalid image")
+)
+
+// Dirs are cocoon's directories, where image and container bytes live.
+type Dirs struct {
+	Root string // cocoon --root-dir: snapshots and images
+	Run  string // cocoon --run-dir: the VMs' writable disks
+}
+
+// Service manages images.
+type Service struct {
+	store  *store.Store
+	cocoon *cocoon.Client
+	log    *slog.Logger
+	dirs   Dirs
+	fs     *refresh.Value[fsUsage]
+
+	// digestLocks serialise the work on one artifact (import, deletion); record changes are
+	// transactions of the store.
+	digestLocks keylock.Map
+}
+
+// New returns the image service.
+func New(st *store.Store, cc *cocoon.Client, log *slog.Logger, dirs Dirs) *Service {
+	s := &Service{store: st, cocoon: cc, log: log, dirs: dirs}
+	s.fs = refresh.New(fsUsageInterval, fsUsageTimeout, s.measure)
+	return s
+}
+
+// Get returns the visible image a reference, an ID or an ID prefix names.
+func (s *Service) Get(refOrID string) (*store.Image, error) {
+	if refOrID == "" {
+		return nil, fmt.Errorf("empty image reference: %w", ErrInvalid)
+	}
+	if ref, err := Normalize(refOrID); err == nil {
+		if img, ok := s.store.Images.Lookup(ref); ok && !img.Removed {
+			return img, nil
+		}
+	}
+	if id, ok := asID(refOrID); ok {
+		if img, err := s.store.Images.Get(id); err == nil && !img.Removed {
+			return img, nil
+		}
+	}
+	if isHexPrefix(refOrID) {
+		if img := s.byIDPrefix(refOrID); img != nil {
+			return img, nil
+		}
+	}
+	return nil, fmt.Errorf("image %q: %w", refOrID, ErrNotFound)
+}
+
+// byIDPrefix finds the one visible image whose digest starts with prefix, as crictl's short IDs.
+func (s *Service) byIDPrefix(prefix string) *store.Image {
+	matches := s.store.Images.List(func(img *store.Image) bool {
+		return !img.Removed && hasHexPrefix(img.ID, prefix)
+	})
+	if len(matches) != 1 {
+		return nil
+	}
+	return matches[0]
+}
+
+// List returns the visible images, optionally only the one a reference names.
+func (s *Service) List(refOrID string) []*store.Image {
+	if refOrID != "" {
+		img, err := s.Get(refOrID)
+		if err != nil {
+			return nil
+		}
+		return []*store.Image{img}
+	}
+	return s.store.Images.List(func(img *store.Image) bool { return !img.Removed })
+}
+
+// InUse reports whether a container record still needs the artifact: a created container will
+// start from it, a running on-demand clone reads its memory.
+func (s *Service) InUse(localName string) bool {
+	return len(s.store.Containers.List(func(c *store.Container) bool { return c.VM.Source == localName })) > 0
+}
+
+// Remove drops a reference, or every reference when given the image's ID. The image disappears
+// from the CRI when its last reference goes; its cocoon artifact follows once no container needs
+// it. A missing image is not an error.
+func (s *Service) Remove(ctx context.Context, refOrID string) error {
+	img, err := s.Get(refOrID)
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	ref, refErr := Normalize(refOrID)
+	byReference := refErr == nil && slices.Contains(append(slices.Clone(img.RepoTags), img.RepoDigests...), ref)
+	err = s.store.Images.Update(func(tx *store.Tx[store.Image]) error {
+		rec, ok := tx.Get(img.ID)
+		if !ok {
+			return nil
+		}
+		if byReference {
+			dropReference(rec, ref)
+		} else {
+			rec.RepoTags, rec.RepoDigests = nil, nil
+		}
+		if len(rec.RepoTags)+len(rec.RepoDigests) == 0 {
+			rec.Removed = true
+		}
+		return tx.Put(rec)
+	})
+	if err != nil {
+		return fmt.Errorf("remove image %s: %w", img.ID, err)
+	}
+	s.log.Info("image reference removed", "image", img.ID, "ref", refOrID)
+	return s.Sweep(ctx)
+}
+
+// dropReference removes ref; when it was the repository's last tag, the repository's digest
+// references go too.
+func dropReference(img *store.Image, ref string) {
+	img.RepoTags = slices.DeleteFunc(img.RepoTags, func(t string) bool { return t == ref })
+	img.RepoDigests = slices.DeleteFunc(img.RepoDigests, func(d string) bool { return d == ref })
+	repo := repository(ref)
+	if slices.ContainsFunc(img.RepoTags, func(t string) bool { return repository(t) == repo }) {
+		return
+	}
+	img.RepoDigests = slices.DeleteFunc(img.RepoDigests, func(d string) bool { return repository(d) == repo })
+}
+
+// Sweep deletes the artifacts of removed images that no container needs any more, and their
+// records. It runs after removals and at startup.
+func (s *Service) Sweep(ctx context.Context) error {
+	var errs []error
+	for _, img := range s.store.Images.List(func(img *store.Image) bool { return img.Removed }) {
+		if err := s.sweepOne(ctx, img.ID); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (s *Service) sweepOne(ctx context.Context, id string) error {
+	unlock := s.digestLocks.Lock(id)
+	defer unlock()
+	// Re-read under the lock: an import may have brought the image back meanwhile.
+	img, err := s.store.Images.Get(id)
+	if err != nil || !img.Removed || s.InUse(img.LocalName) {
+		return nil
+	}
+	if err := s.deleteArtifact(ctx, img.Kind, img.LocalName); err != nil {
+		return err
+	}
+	if err := s.store.Images.Delete(img.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("delete image record %s: %w", img.ID, err)
+	}
+	s.log.Info("image artifact deleted", "image", img.ID, "artifact", img.LocalName)
+	return nil
+}
+
+// deleteArtifact removes a cocoon artifact; one already gone is fine.
+func (s *Service) deleteArtifact(ctx context.Context, kind store.ImageKind, localName string) error {
+	var err error
+	if kind == store.ImageSnapshot {
+		err = s.cocoon.SnapshotRemove(ctx, localName)
+	} else {
+		err = s.cocoon.ImageRemove(ctx, localName)
+	}
+	if err != nil && !errors.Is(err, cocoon.ErrNotFound) {
+		return fmt.Errorf("delete artifact %s: %w", localName, err)
+	}
+	return nil
+}
