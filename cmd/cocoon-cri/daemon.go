@@ -1,0 +1,89 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/cocoonstack/cocoon-cri/cri"
+	"github.com/cocoonstack/cocoon-cri/imagestore"
+	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/pkg/store"
+	"github.com/cocoonstack/cocoon-cri/tapmanager"
+)
+
+// stateFile is the database inside --state-dir.
+const stateFile = "cocoon-cri.db"
+
+func runDaemon(parent context.Context, o *options) error {
+	log := o.logger()
+	ctx, stop := signal.NotifyContext(parent, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	st, err := store.Open(filepath.Join(o.stateDir, stateFile))
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+
+	cc := cocoon.New(cocoon.Options{
+		Binary:  o.cocoonBinary,
+		RootDir: o.cocoonRootDir,
+		RunDir:  o.cocoonRunDir,
+		LogDir:  o.cocoonLogDir,
+		Timeout: o.cocoonTimeout,
+		Logger:  log.With("component", "cocoon"),
+	})
+	images := imagestore.New(st, cc, log.With("component", "images"), imagestore.Dirs{
+		Root: orDefault(o.cocoonRootDir, cocoonDefaultRootDir),
+		Run:  orDefault(o.cocoonRunDir, cocoonDefaultRunDir),
+	})
+	server := cri.New(cri.Config{
+		Version:             version,
+		ServeDefaultHandler: o.serveDefaultHandler,
+	}, log, st, cc, &tapmanager.NetNS{Dir: o.netnsDir}, images)
+
+	if err := server.Recover(ctx); err != nil {
+		return fmt.Errorf("recover state: %w", err)
+	}
+	if err := images.Sweep(ctx); err != nil {
+		log.Warn("deleting unused image artifacts failed; the next removal retries", "err", err)
+	}
+
+	lis, err := listenUnix(o.socket)
+	if err != nil {
+		return err
+	}
+	g := grpc.NewServer()
+	server.Register(g)
+	server.RegisterImport(g)
+
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- g.Serve(lis) }()
+	log.Info("cocoon-cri serving", "version", version, "socket", o.socket, "stateDir", o.stateDir, "cocoon", o.cocoonBinary)
+
+	select {
+	case err := <-serveErr:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	log.Info("shutting down", "grace", o.shutdownTimeout)
+	stopped := make(chan struct{})
+	go func() {
+		g.GracefulStop()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-time.After(o.shutdownTimeout):
+		log.Warn("RPCs still in flight at the shutdown deadline; stopping them")
+		g.Stop()
+	}
+	log.Info("stopped")
+	return nil
+}

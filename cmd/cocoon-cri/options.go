@@ -1,0 +1,114 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/config"
+)
+
+// cocoon's own defaults for its directories (reference/cocoon-contract.md section 1.2): used when
+// cocoon-cri is not told otherwise, to measure image and container disk usage.
+const (
+	cocoonDefaultRootDir = "/var/lib/cocoon"
+	cocoonDefaultRunDir  = "/var/lib/cocoon/run"
+)
+
+type options struct {
+	configFile          string
+	socket              string
+	stateDir            string
+	cocoonBinary        string
+	cocoonRootDir       string
+	cocoonRunDir        string
+	cocoonLogDir        string
+	cocoonTimeout       time.Duration
+	netnsDir            string
+	serveDefaultHandler bool
+	logLevel            string
+	logFormat           string
+	shutdownTimeout     time.Duration
+}
+
+func defaultOptions() *options {
+	return &options{
+		socket:          "/run/cocoon-cri/cocoon-cri.sock",
+		stateDir:        "/var/lib/cocoon-cri",
+		cocoonBinary:    "cocoon",
+		cocoonTimeout:   2 * time.Minute,
+		netnsDir:        "/var/run/netns",
+		logLevel:        "info",
+		logFormat:       "text",
+		shutdownTimeout: 10 * time.Second,
+	}
+}
+
+func (o *options) addFlags(cmd *cobra.Command) {
+	f := cmd.PersistentFlags()
+	f.StringVar(&o.configFile, "config", o.configFile, "YAML file with settings (keys are flag names)")
+	f.StringVar(&o.socket, "socket", o.socket, "unix socket the CRI is served on")
+	f.StringVar(&o.logLevel, "log-level", o.logLevel, "log level: debug, info, warn or error")
+	f.StringVar(&o.logFormat, "log-format", o.logFormat, "log format: text or json")
+
+	d := cmd.Flags()
+	d.StringVar(&o.stateDir, "state-dir", o.stateDir, "directory of cocoon-cri's state database")
+	d.StringVar(&o.cocoonBinary, "cocoon-binary", o.cocoonBinary, "cocoon executable")
+	d.StringVar(&o.cocoonRootDir, "cocoon-root-dir", o.cocoonRootDir, "cocoon --root-dir (empty: cocoon's default, "+cocoonDefaultRootDir+")")
+	d.StringVar(&o.cocoonRunDir, "cocoon-run-dir", o.cocoonRunDir, "cocoon --run-dir (empty: cocoon's default, "+cocoonDefaultRunDir+")")
+	d.StringVar(&o.cocoonLogDir, "cocoon-log-dir", o.cocoonLogDir, "cocoon --log-dir (empty: cocoon's default)")
+	d.DurationVar(&o.cocoonTimeout, "cocoon-timeout", o.cocoonTimeout, "longest a cocoon command may run (imports have none: they end with the request)")
+	d.StringVar(&o.netnsDir, "netns-dir", o.netnsDir, "directory of the pod network namespaces")
+	d.BoolVar(&o.serveDefaultHandler, "serve-default-handler", o.serveDefaultHandler,
+		"run pods of the default runtime handler (no runtimeClassName) as cocoon VMs too; needed for static pods")
+	d.DurationVar(&o.shutdownTimeout, "shutdown-timeout", o.shutdownTimeout, "how long SIGTERM waits for RPCs in flight")
+	cmd.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
+		if err := config.Apply(cmd.Flags(), envPrefix, "config"); err != nil {
+			return err
+		}
+		return o.validate()
+	}
+}
+
+func (o *options) validate() error {
+	if _, err := parseLevel(o.logLevel); err != nil {
+		return err
+	}
+	if o.logFormat != "text" && o.logFormat != "json" {
+		return fmt.Errorf("--log-format %q: want text or json", o.logFormat)
+	}
+	if o.socket == "" || o.stateDir == "" {
+		return fmt.Errorf("--socket and --state-dir must not be empty")
+	}
+	if o.cocoonTimeout <= 0 {
+		return fmt.Errorf("--cocoon-timeout must be positive")
+	}
+	return nil
+}
+
+func (o *options) logger() *slog.Logger {
+	level, _ := parseLevel(o.logLevel)
+	handlerOpts := &slog.HandlerOptions{Level: level}
+	if o.logFormat == "json" {
+		return slog.New(slog.NewJSONHandler(os.Stderr, handlerOpts))
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, handlerOpts))
+}
+
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return l, fmt.Errorf("--log-level %q: want debug, info, warn or error", s)
+	}
+	return l, nil
+}
+
+func orDefault(v, def string) string {
+	if v == "" {
+		return def
+	}
+	return v
+}

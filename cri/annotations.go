@@ -1,0 +1,73 @@
+package cri
+
+import (
+	"fmt"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/pkg/store"
+)
+
+// Pod annotation keys, the ones vk-cocoon users already write (cocoon-common meta), so a pod moves
+// from vk-cocoon to cocoon-cri unchanged where the key means the same thing.
+const (
+	AnnotationBackend    = "vm.cocoonstack.io/backend"
+	AnnotationNoDirectIO = "vm.cocoonstack.io/no-direct-io"
+	AnnotationStorage    = "cocoonset.cocoonstack.io/storage"
+	AnnotationOS         = "cocoonset.cocoonstack.io/os"
+	AnnotationNetwork    = "cocoonset.cocoonstack.io/network"
+)
+
+// parseVMOptions reads the pod's cocoon annotations. Unlike vk-cocoon, which reads anything but
+// "true" as false, a malformed value is refused: a typo must not silently change the VM.
+func parseVMOptions(annotations map[string]string) (store.VMOptions, error) {
+	var o store.VMOptions
+	if v, ok := annotations[AnnotationBackend]; ok {
+		switch v {
+		case cocoon.HypervisorCloudHypervisor, cocoon.HypervisorFirecracker:
+			o.Backend = v
+		default:
+			return o, fmt.Errorf("annotation %s=%q: want %q or %q", AnnotationBackend, v, cocoon.HypervisorCloudHypervisor, cocoon.HypervisorFirecracker)
+		}
+	}
+	if v, ok := annotations[AnnotationNoDirectIO]; ok {
+		switch v {
+		case "true":
+			o.NoDirectIO = true
+		case "false":
+		default:
+			return o, fmt.Errorf("annotation %s=%q: want \"true\" or \"false\"", AnnotationNoDirectIO, v)
+		}
+	}
+	if v, ok := annotations[AnnotationStorage]; ok {
+		q, err := resource.ParseQuantity(v)
+		if err != nil {
+			return o, fmt.Errorf("annotation %s=%q: not a quantity such as 20Gi: %v", AnnotationStorage, v, err)
+		}
+		if q.Value() < MinStorage {
+			return o, fmt.Errorf("annotation %s=%q: cocoon needs at least 10G of storage", AnnotationStorage, v)
+		}
+		o.Storage = q.Value()
+	}
+	if v, ok := annotations[AnnotationOS]; ok {
+		switch v {
+		case "linux", "android":
+		case "windows":
+			o.Windows = true
+		default:
+			return o, fmt.Errorf("annotation %s=%q: want linux, windows or android", AnnotationOS, v)
+		}
+	}
+	if v, ok := annotations[AnnotationNetwork]; ok {
+		if strings.TrimSpace(v) == "" {
+			return o, fmt.Errorf("annotation %s is empty: name a CNI network or drop the annotation", AnnotationNetwork)
+		}
+		o.Network = v
+	}
+	if o.Windows && o.Backend == cocoon.HypervisorFirecracker {
+		return o, fmt.Errorf("annotations %s=windows and %s=firecracker do not go together: Firecracker has no Windows guests", AnnotationOS, AnnotationBackend)
+	}
+	return o, nil
+}

@@ -1,0 +1,52 @@
+package cri
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/pkg/store"
+)
+
+// RemoveContainer removes the VM (forcibly if it runs, as the CRI asks) and the record. Removing a
+// missing container succeeds.
+func (s *Server) RemoveContainer(ctx context.Context, req *runtimeapi.RemoveContainerRequest) (*runtimeapi.RemoveContainerResponse, error) {
+	c, _, unlock, err := s.lockContainer(req.GetContainerId())
+	if err != nil {
+		if isNotFound(err) {
+			return &runtimeapi.RemoveContainerResponse{}, nil
+		}
+		return nil, toStatus(err)
+	}
+	err = s.removeContainer(ctx, c)
+	unlock()
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	// The container may have been the last user of a removed image's artifact.
+	if err := s.images.Sweep(ctx); err != nil {
+		s.log.Warn("deleting unused image artifacts failed; the next removal retries", "err", err)
+	}
+	return &runtimeapi.RemoveContainerResponse{}, nil
+}
+
+// removeContainer deletes the container's VM and record. The caller holds the sandbox lock.
+func (s *Server) removeContainer(ctx context.Context, c *store.Container) error {
+	// A container that never recorded a VM ID may still have a VM from a start a crash cut short:
+	// its name is deterministic.
+	ref := c.VM.ID
+	if ref == "" {
+		ref = c.VM.Name
+	}
+	if err := s.cocoon.VMRemove(ctx, ref, true); err != nil && !errors.Is(err, cocoon.ErrNotFound) {
+		return fmt.Errorf("remove VM %s: %w", ref, err)
+	}
+	if err := s.store.Containers.Delete(c.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("delete container record: %w", err)
+	}
+	s.log.Info("container removed", "container", c.ID, "vm", ref)
+	return nil
+}

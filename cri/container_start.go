@@ -1,0 +1,143 @@
+package cri
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/pkg/store"
+)
+
+// Exit status of a container whose VM could not be started, as containerd reports it.
+const (
+	startErrorExitCode = 128
+	reasonStartError   = "StartError"
+)
+
+// StartContainer makes and boots the container's VM: vm clone for a snapshot image, vm create and
+// vm start for a VM image. A sandbox runs at most one VM at a time.
+func (s *Server) StartContainer(ctx context.Context, req *runtimeapi.StartContainerRequest) (*runtimeapi.StartContainerResponse, error) {
+	c, sb, unlock, err := s.lockContainer(req.GetContainerId())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	defer unlock()
+	if c.State != store.ContainerCreated {
+		return nil, precondition("container %s is %s; only a created container can be started (the kubelet creates a new container to restart one)", c.ID, c.State)
+	}
+	if sb.State != store.SandboxReady {
+		return nil, precondition("pod sandbox %s is not ready (stopped); its containers cannot start", sb.ID)
+	}
+	for _, other := range s.sandboxContainers(sb.ID) {
+		if other.State == store.ContainerRunning {
+			return nil, precondition("pod sandbox %s already runs container %s (VM %s): a cocoon pod runs one VM at a time; stop that container first",
+				sb.ID, other.ID, other.VM.Name)
+		}
+	}
+
+	log := s.log.With("container", c.ID, "sandbox", sb.ID, "vm", c.VM.Name)
+	vm, err := s.launchVM(ctx, c)
+	if err != nil {
+		log.Error("VM did not start", "err", err)
+		s.cleanUpFailedStart(c)
+		if _, recErr := s.store.Containers.Modify(c.ID, func(r *store.Container) error {
+			r.State, r.FinishedAt = store.ContainerExited, s.now()
+			r.ExitCode, r.Reason, r.Message = startErrorExitCode, reasonStartError, err.Error()
+			r.VM.ID, r.VM.PID = "", 0
+			return nil
+		}); recErr != nil {
+			log.Error("recording the failed start failed", "err", recErr)
+		}
+		return nil, toStatus(fmt.Errorf("start VM %s: %w", c.VM.Name, err))
+	}
+	if _, err := s.store.Containers.Modify(c.ID, func(r *store.Container) error {
+		r.State, r.StartedAt = store.ContainerRunning, s.now()
+		r.VM.ID, r.VM.PID = vm.ID, vm.PID
+		return nil
+	}); err != nil {
+		return nil, toStatus(fmt.Errorf("record container running: %w", err))
+	}
+	log.Info("container started", "vmID", vm.ID, "pid", vm.PID)
+	return &runtimeapi.StartContainerResponse{}, nil
+}
+
+// launchVM makes the VM. A VM already holding the container's name is the leftover of a start
+// that was cut short (the container is still CREATED): it is removed and the start made again.
+func (s *Server) launchVM(ctx context.Context, c *store.Container) (*cocoon.VM, error) {
+	vm, err := s.makeVM(ctx, c)
+	if errors.Is(err, cocoon.ErrAlreadyExists) {
+		s.log.Warn("removing a VM left by an interrupted start", "container", c.ID, "vm", c.VM.Name)
+		if rmErr := s.cocoon.VMRemove(ctx, c.VM.Name, true); rmErr != nil && !errors.Is(rmErr, cocoon.ErrNotFound) {
+			return nil, fmt.Errorf("remove leftover VM %s: %w", c.VM.Name, rmErr)
+		}
+		vm, err = s.makeVM(ctx, c)
+	}
+	return vm, err
+}
+
+func (s *Server) makeVM(ctx context.Context, c *store.Container) (*cocoon.VM, error) {
+	spec := c.VM
+	if spec.Mode == store.VMClone {
+		opts := cocoon.CloneOptions{Name: spec.Name, Storage: spec.Storage, NoDirectIO: spec.NoDirectIO, OnDemand: spec.OnDemand}
+		if spec.Backend != cocoon.HypervisorFirecracker {
+			// Firecracker cannot resize a restored VM and refuses the flags; the plan kept its size.
+			opts.CPU, opts.Memory = spec.CPU, spec.Memory
+		}
+		return s.cocoon.VMClone(ctx, spec.Source, opts)
+	}
+	created, err := s.cocoon.VMCreate(ctx, spec.Source, cocoon.CreateOptions{
+		Name: spec.Name, CPU: spec.CPU, Memory: spec.Memory, Storage: spec.Storage,
+		NoDirectIO: spec.NoDirectIO, Windows: spec.Windows, Firecracker: spec.Backend == cocoon.HypervisorFirecracker,
+	})
+	if err != nil {
+		return nil, err
+	}
+	// Recorded before the start, so a crash between the two leaves a VM cocoon-cri can name.
+	if _, err := s.store.Containers.Modify(c.ID, func(r *store.Container) error { r.VM.ID = created.ID; return nil }); err != nil {
+		return nil, fmt.Errorf("record VM %s: %w", created.ID, err)
+	}
+	if err := s.cocoon.VMStart(ctx, created.ID); err != nil {
+		return nil, err
+	}
+	return s.cocoon.VMInspect(ctx, created.ID)
+}
+
+// cleanUpFailedStart removes whatever VM the failed start left (cocoon keeps a VM whose start
+// failed, in state error). It has its own deadline: the RPC's may be what ran out.
+func (s *Server) cleanUpFailedStart(c *store.Container) {
+	ctx, cancel := context.WithTimeout(context.Background(), cocoon.DefaultTimeout)
+	defer cancel()
+	if err := s.cocoon.VMRemove(ctx, c.VM.Name, true); err != nil && !errors.Is(err, cocoon.ErrNotFound) {
+		s.log.Error("could not remove the VM of a failed start", "container", c.ID, "vm", c.VM.Name, "err", err)
+	}
+}
+
+// lockContainer resolves a container ID (or unique prefix), locks its sandbox and returns both
+// records read under the lock.
+func (s *Server) lockContainer(idOrPrefix string) (*store.Container, *store.Sandbox, func(), error) {
+	if idOrPrefix == "" {
+		return nil, nil, nil, invalid("container ID is required")
+	}
+	id, err := s.store.Containers.Resolve(idOrPrefix)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	c, err := s.store.Containers.Get(id)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	unlock := s.locks.Lock(c.SandboxID)
+	if c, err = s.store.Containers.Get(id); err != nil {
+		unlock()
+		return nil, nil, nil, err
+	}
+	sb, err := s.store.Sandboxes.Get(c.SandboxID)
+	if err != nil {
+		unlock()
+		return nil, nil, nil, fmt.Errorf("sandbox of container %s: %w", id, err)
+	}
+	return c, sb, unlock, nil
+}

@@ -1,0 +1,76 @@
+package cri
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/pkg/store"
+)
+
+// Exit status of a stopped VM. A guest that powered off within the timeout completed; one cocoon
+// had to stop forcibly (timeout 0, or a guest that ignored the power button until the timeout)
+// reads like a SIGKILLed process.
+const (
+	killedExitCode  = 137
+	reasonCompleted = "Completed"
+	reasonError     = "Error"
+	reasonVMGone    = "VMGone"
+)
+
+// StopContainer powers the VM off, giving the guest timeout seconds before cocoon forces it.
+// Stopping a missing, created or exited container succeeds.
+func (s *Server) StopContainer(ctx context.Context, req *runtimeapi.StopContainerRequest) (*runtimeapi.StopContainerResponse, error) {
+	if req.GetTimeout() < 0 {
+		return nil, invalid("timeout must not be negative, got %d", req.GetTimeout())
+	}
+	c, _, unlock, err := s.lockContainer(req.GetContainerId())
+	if err != nil {
+		if isNotFound(err) {
+			return &runtimeapi.StopContainerResponse{}, nil
+		}
+		return nil, toStatus(err)
+	}
+	defer unlock()
+	if c.State != store.ContainerRunning {
+		return &runtimeapi.StopContainerResponse{}, nil
+	}
+	if err := s.stopVM(ctx, c, time.Duration(req.GetTimeout())*time.Second); err != nil {
+		return nil, toStatus(err)
+	}
+	return &runtimeapi.StopContainerResponse{}, nil
+}
+
+// stopVM stops a running container's VM and records the container EXITED. The caller holds the
+// sandbox lock.
+func (s *Server) stopVM(ctx context.Context, c *store.Container, timeout time.Duration) error {
+	start := s.nowFunc()
+	err := s.cocoon.VMStop(ctx, c.VM.ID, cocoon.StopOptions{Force: timeout == 0, Timeout: timeout})
+	took := s.nowFunc().Sub(start)
+
+	exitCode, reason, message := int32(0), reasonCompleted, "VM powered off"
+	switch {
+	case errors.Is(err, cocoon.ErrNotFound):
+		exitCode, reason, message = killedExitCode, reasonVMGone, "the VM no longer exists in cocoon"
+	case err != nil:
+		return fmt.Errorf("stop VM %s: %w", c.VM.ID, err)
+	case timeout == 0:
+		exitCode, reason, message = killedExitCode, reasonError, "VM stopped forcibly (timeout 0)"
+	case took >= timeout:
+		exitCode, reason, message = killedExitCode, reasonError, fmt.Sprintf("the guest did not power off within %s; cocoon stopped the VM forcibly", timeout)
+	}
+	if _, err := s.store.Containers.Modify(c.ID, func(r *store.Container) error {
+		r.State, r.FinishedAt = store.ContainerExited, s.now()
+		r.ExitCode, r.Reason, r.Message = exitCode, reason, message
+		r.VM.PID = 0
+		return nil
+	}); err != nil {
+		return fmt.Errorf("record container exited: %w", err)
+	}
+	s.log.Info("container stopped", "container", c.ID, "vm", c.VM.ID, "exitCode", exitCode, "reason", reason, "took", took)
+	return nil
+}

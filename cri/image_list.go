@@ -1,0 +1,38 @@
+package cri
+
+import (
+	"context"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/store"
+)
+
+// ListImages answers from the store; the filter names one image by reference or ID.
+func (s *Server) ListImages(_ context.Context, req *runtimeapi.ListImagesRequest) (*runtimeapi.ListImagesResponse, error) {
+	return &runtimeapi.ListImagesResponse{Images: s.listImages(req.GetFilter())}, nil
+}
+
+// StreamImages sends the same list as ListImages, in one message.
+func (s *Server) StreamImages(req *runtimeapi.StreamImagesRequest, stream runtimeapi.ImageService_StreamImagesServer) error {
+	return stream.Send(&runtimeapi.StreamImagesResponse{Images: s.listImages(req.GetFilter())})
+}
+
+func (s *Server) listImages(f *runtimeapi.ImageFilter) []*runtimeapi.Image {
+	records := s.images.List(f.GetImage().GetImage())
+	out := make([]*runtimeapi.Image, 0, len(records))
+	for _, img := range records {
+		out = append(out, criImage(img))
+	}
+	return out
+}
+
+func criImage(img *store.Image) *runtimeapi.Image {
+	return &runtimeapi.Image{
+		Id:          img.ID,
+		RepoTags:    img.RepoTags,
+		RepoDigests: img.RepoDigests,
+		Size:        uint64(img.Size),
+		Spec:        &runtimeapi.ImageSpec{Image: img.ID},
+	}
+}

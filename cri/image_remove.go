@@ -1,0 +1,21 @@
+package cri
+
+import (
+	"context"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// RemoveImage drops the named reference, or every reference when given the image ID. The cocoon
+// artifact is deleted when no reference is left and no container needs it; a clone that reads the
+// snapshot's memory on demand keeps it until that container is removed. A missing image succeeds.
+func (s *Server) RemoveImage(ctx context.Context, req *runtimeapi.RemoveImageRequest) (*runtimeapi.RemoveImageResponse, error) {
+	ref := req.GetImage().GetImage()
+	if ref == "" {
+		return nil, invalid("image is required")
+	}
+	if err := s.images.Remove(ctx, ref); err != nil {
+		return nil, toStatus(err)
+	}
+	return &runtimeapi.RemoveImageResponse{}, nil
+}

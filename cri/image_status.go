@@ -1,0 +1,44 @@
+package cri
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/cocoonstack/cocoon-cri/imagestore"
+	"github.com/cocoonstack/cocoon-cri/pkg/store"
+)
+
+// ImageStatus finds an image by reference, ID or ID prefix. A missing image is an empty answer,
+// not an error: that is how the kubelet learns it has to pull.
+func (s *Server) ImageStatus(_ context.Context, req *runtimeapi.ImageStatusRequest) (*runtimeapi.ImageStatusResponse, error) {
+	ref := req.GetImage().GetImage()
+	if ref == "" {
+		return nil, invalid("image is required")
+	}
+	img, err := s.images.Get(ref)
+	if errors.Is(err, imagestore.ErrNotFound) {
+		return &runtimeapi.ImageStatusResponse{}, nil
+	}
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	resp := &runtimeapi.ImageStatusResponse{Image: criImage(img)}
+	if req.GetVerbose() {
+		info, err := json.Marshal(imageInfo{Kind: img.Kind, LocalName: img.LocalName, Snapshot: img.Snapshot})
+		if err != nil {
+			return nil, toStatus(err)
+		}
+		resp.Info = map[string]string{"info": string(info)}
+	}
+	return resp, nil
+}
+
+// imageInfo is the verbose status: what the image is in cocoon.
+type imageInfo struct {
+	Kind      store.ImageKind     `json:"kind"`
+	LocalName string              `json:"localName"`
+	Snapshot  *store.SnapshotInfo `json:"snapshot,omitempty"`
+}

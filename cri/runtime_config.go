@@ -1,0 +1,23 @@
+package cri
+
+import (
+	"context"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// RuntimeConfig states the cgroup driver explicitly: the enum's zero value is SYSTEMD, so an empty
+// answer would tell the kubelet the opposite of what cocoon-cri does (cgroupfs paths under the
+// pod's cgroup_parent).
+func (s *Server) RuntimeConfig(context.Context, *runtimeapi.RuntimeConfigRequest) (*runtimeapi.RuntimeConfigResponse, error) {
+	return &runtimeapi.RuntimeConfigResponse{
+		Linux: &runtimeapi.LinuxRuntimeConfiguration{CgroupDriver: runtimeapi.CgroupDriver_CGROUPFS},
+	}, nil
+}
+
+// UpdateRuntimeConfig receives the node's pod CIDR. Pod addressing comes from the cluster's CNI
+// configuration, which cocoon-cri reads itself, so there is nothing to change.
+func (s *Server) UpdateRuntimeConfig(_ context.Context, req *runtimeapi.UpdateRuntimeConfigRequest) (*runtimeapi.UpdateRuntimeConfigResponse, error) {
+	s.log.Debug("runtime config update", "podCIDR", req.GetRuntimeConfig().GetNetworkConfig().GetPodCidr())
+	return &runtimeapi.UpdateRuntimeConfigResponse{}, nil
+}

@@ -1,0 +1,121 @@
+package cri
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/store"
+)
+
+// RunPodSandbox records the sandbox and creates its network namespace. No VM starts yet: the VM is
+// the container, started by StartContainer.
+func (s *Server) RunPodSandbox(ctx context.Context, req *runtimeapi.RunPodSandboxRequest) (*runtimeapi.RunPodSandboxResponse, error) {
+	cfg := req.GetConfig()
+	if err := s.validateSandboxConfig(cfg, req.GetRuntimeHandler()); err != nil {
+		return nil, err
+	}
+	vmOpts, err := parseVMOptions(cfg.GetAnnotations())
+	if err != nil {
+		return nil, invalid("%v", err)
+	}
+	name := sandboxName(cfg.GetMetadata())
+	if holder, ok := s.store.Sandboxes.Lookup(store.SandboxNameKey(name)); ok {
+		return nil, alreadyExists("sandbox name %q is already reserved for sandbox %s", name, holder.ID)
+	}
+
+	id := newID()
+	sb := &store.Sandbox{
+		ID:             id,
+		Name:           name,
+		State:          store.SandboxCreating,
+		Config:         store.Proto[*runtimeapi.PodSandboxConfig]{Msg: cfg},
+		RuntimeHandler: req.GetRuntimeHandler(),
+		NetNS:          s.net.NetNSPath(id),
+		CreatedAt:      s.now(),
+		VM:             vmOpts,
+	}
+	if err := s.store.Sandboxes.Create(sb); err != nil {
+		if errors.Is(err, store.ErrExists) {
+			return nil, alreadyExists("sandbox name %q is already reserved: %v", name, err)
+		}
+		return nil, toStatus(fmt.Errorf("record sandbox: %w", err))
+	}
+	log := s.log.With("sandbox", id, "pod", cfg.GetMetadata().GetNamespace()+"/"+cfg.GetMetadata().GetName())
+
+	if err := s.setUpSandbox(sb); err != nil {
+		log.Error("RunPodSandbox failed, rolling back", "err", err)
+		if rbErr := s.rollbackSandbox(sb); rbErr != nil {
+			log.Error("rollback failed; recovery will retry it at the next start", "err", rbErr)
+		}
+		return nil, toStatus(err)
+	}
+	log.Info("sandbox ready", "netns", sb.NetNS)
+	return &runtimeapi.RunPodSandboxResponse{PodSandboxId: id}, nil
+}
+
+func (s *Server) setUpSandbox(sb *store.Sandbox) error {
+	if err := s.net.CreateNetNS(sb.NetNS); err != nil {
+		return fmt.Errorf("create network namespace: %w", err)
+	}
+	if _, err := s.store.Sandboxes.Modify(sb.ID, func(r *store.Sandbox) error {
+		r.State = store.SandboxReady
+		return nil
+	}); err != nil {
+		return fmt.Errorf("record sandbox ready: %w", err)
+	}
+	return nil
+}
+
+// rollbackSandbox undoes a RunPodSandbox that did not finish.
+func (s *Server) rollbackSandbox(sb *store.Sandbox) error {
+	if sb.NetNS != "" {
+		if err := s.net.RemoveNetNS(sb.NetNS); err != nil {
+			return fmt.Errorf("remove network namespace: %w", err)
+		}
+	}
+	if err := s.store.Sandboxes.Delete(sb.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("delete record: %w", err)
+	}
+	return nil
+}
+
+func (s *Server) validateSandboxConfig(cfg *runtimeapi.PodSandboxConfig, handler string) error {
+	if cfg == nil {
+		return invalid("config is required")
+	}
+	md := cfg.GetMetadata()
+	if md.GetName() == "" || md.GetNamespace() == "" || md.GetUid() == "" {
+		return invalid("metadata needs name, namespace and uid, got %v", md)
+	}
+	if err := s.checkHandler(handler); err != nil {
+		return err
+	}
+	ns := cfg.GetLinux().GetSecurityContext().GetNamespaceOptions()
+	for _, host := range []struct {
+		mode  runtimeapi.NamespaceMode
+		field string
+	}{
+		{ns.GetNetwork(), "hostNetwork"},
+		{ns.GetPid(), "hostPID"},
+		{ns.GetIpc(), "hostIPC"},
+	} {
+		if host.mode == runtimeapi.NamespaceMode_NODE {
+			return invalid("%s is not supported by runtime handler %q: a cocoon VM has its own kernel, so it cannot share the node's namespaces; drop %s or run this pod with a container runtime class",
+				host.field, handler, host.field)
+		}
+	}
+	return nil
+}
+
+func (s *Server) checkHandler(handler string) error {
+	if handler == HandlerName || (handler == "" && s.cfg.ServeDefaultHandler) {
+		return nil
+	}
+	if handler == "" {
+		return invalid("the default runtime handler is not served: set runtimeClassName to a RuntimeClass with handler %q, or start cocoon-cri with --serve-default-handler", HandlerName)
+	}
+	return invalid("runtime handler %q is not served: cocoon-cri serves %q", handler, HandlerName)
+}

@@ -1,0 +1,98 @@
+package cri
+
+import (
+	"context"
+	"encoding/json"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/store"
+)
+
+// PodSandboxStatus answers from the store.
+func (s *Server) PodSandboxStatus(_ context.Context, req *runtimeapi.PodSandboxStatusRequest) (*runtimeapi.PodSandboxStatusResponse, error) {
+	sb, err := s.visibleSandbox(req.GetPodSandboxId())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	containers := s.sandboxContainers(sb.ID)
+	statuses := make([]*runtimeapi.ContainerStatus, 0, len(containers))
+	for _, c := range containers {
+		statuses = append(statuses, containerStatus(c))
+	}
+	resp := &runtimeapi.PodSandboxStatusResponse{
+		Status:             sandboxStatus(sb),
+		ContainersStatuses: statuses,
+		Timestamp:          s.now(),
+	}
+	if req.GetVerbose() {
+		info, err := json.Marshal(sandboxInfo{NetNS: sb.NetNS, VM: sb.VM, RuntimeHandler: sb.RuntimeHandler, Config: sb.Config.Msg})
+		if err != nil {
+			return nil, toStatus(err)
+		}
+		resp.Info = map[string]string{"info": string(info)}
+	}
+	return resp, nil
+}
+
+// sandboxInfo is the verbose status, for people debugging a pod.
+type sandboxInfo struct {
+	NetNS          string                       `json:"netns"`
+	RuntimeHandler string                       `json:"runtimeHandler"`
+	VM             store.VMOptions              `json:"vmOptions"`
+	Config         *runtimeapi.PodSandboxConfig `json:"config"`
+}
+
+// visibleSandbox resolves an ID to a sandbox the CRI can see: one whose RunPodSandbox finished.
+func (s *Server) visibleSandbox(idOrPrefix string) (*store.Sandbox, error) {
+	if idOrPrefix == "" {
+		return nil, invalid("pod sandbox ID is required")
+	}
+	id, err := s.store.Sandboxes.Resolve(idOrPrefix)
+	if err != nil {
+		return nil, err
+	}
+	sb, err := s.store.Sandboxes.Get(id)
+	if err != nil {
+		return nil, err
+	}
+	if sb.State == store.SandboxCreating {
+		return nil, notFound("pod sandbox %s is still being created", id)
+	}
+	return sb, nil
+}
+
+func sandboxStatus(sb *store.Sandbox) *runtimeapi.PodSandboxStatus {
+	cfg := sb.Config.Msg
+	return &runtimeapi.PodSandboxStatus{
+		Id:        sb.ID,
+		Metadata:  cfg.GetMetadata(),
+		State:     sandboxState(sb.State),
+		CreatedAt: sb.CreatedAt,
+		Network:   &runtimeapi.PodSandboxNetworkStatus{},
+		Linux: &runtimeapi.LinuxPodSandboxStatus{Namespaces: &runtimeapi.Namespace{Options: &runtimeapi.NamespaceOption{
+			Network: runtimeapi.NamespaceMode_POD,
+			Pid:     podPIDMode(cfg),
+			Ipc:     runtimeapi.NamespaceMode_POD,
+		}}},
+		Labels:         cfg.GetLabels(),
+		Annotations:    cfg.GetAnnotations(),
+		RuntimeHandler: sb.RuntimeHandler,
+	}
+}
+
+// podPIDMode reports what the pod asked for (POD or CONTAINER); the VM guest has its own PID space
+// either way.
+func podPIDMode(cfg *runtimeapi.PodSandboxConfig) runtimeapi.NamespaceMode {
+	if m := cfg.GetLinux().GetSecurityContext().GetNamespaceOptions().GetPid(); m == runtimeapi.NamespaceMode_CONTAINER {
+		return m
+	}
+	return runtimeapi.NamespaceMode_POD
+}
+
+func sandboxState(st store.SandboxState) runtimeapi.PodSandboxState {
+	if st == store.SandboxReady {
+		return runtimeapi.PodSandboxState_SANDBOX_READY
+	}
+	return runtimeapi.PodSandboxState_SANDBOX_NOTREADY
+}

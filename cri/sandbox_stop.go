@@ -1,0 +1,69 @@
+package cri
+
+import (
+	"context"
+	"fmt"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/store"
+)
+
+// StopPodSandbox stops every VM of the sandbox at once (the kubelet has already stopped the
+// containers gracefully) and marks the sandbox not ready. Stopping a missing or stopped sandbox
+// succeeds.
+func (s *Server) StopPodSandbox(ctx context.Context, req *runtimeapi.StopPodSandboxRequest) (*runtimeapi.StopPodSandboxResponse, error) {
+	sb, unlock, err := s.lockSandbox(req.GetPodSandboxId())
+	if err != nil {
+		if isNotFound(err) {
+			return &runtimeapi.StopPodSandboxResponse{}, nil
+		}
+		return nil, toStatus(err)
+	}
+	defer unlock()
+
+	for _, c := range s.sandboxContainers(sb.ID) {
+		if c.State != store.ContainerRunning {
+			continue
+		}
+		if err := s.stopVM(ctx, c, 0); err != nil {
+			return nil, toStatus(fmt.Errorf("stop container %s: %w", c.ID, err))
+		}
+	}
+	if sb.State != store.SandboxNotReady {
+		if _, err := s.store.Sandboxes.Modify(sb.ID, func(r *store.Sandbox) error {
+			r.State = store.SandboxNotReady
+			return nil
+		}); err != nil {
+			return nil, toStatus(fmt.Errorf("record sandbox stopped: %w", err))
+		}
+		s.log.Info("sandbox stopped", "sandbox", sb.ID)
+	}
+	return &runtimeapi.StopPodSandboxResponse{}, nil
+}
+
+// lockSandbox resolves a sandbox ID (or unique prefix), locks it and returns the record read under
+// the lock.
+func (s *Server) lockSandbox(idOrPrefix string) (*store.Sandbox, func(), error) {
+	if idOrPrefix == "" {
+		return nil, nil, invalid("pod sandbox ID is required")
+	}
+	id, err := s.store.Sandboxes.Resolve(idOrPrefix)
+	if err != nil {
+		return nil, nil, err
+	}
+	unlock := s.locks.Lock(id)
+	sb, err := s.store.Sandboxes.Get(id)
+	if err != nil || sb.State == store.SandboxCreating {
+		unlock()
+		if err == nil {
+			err = fmt.Errorf("sandbox %s: %w", id, store.ErrNotFound)
+		}
+		return nil, nil, err
+	}
+	return sb, unlock, nil
+}
+
+func (s *Server) sandboxContainers(sandboxID string) []*store.Container {
+	return s.store.Containers.List(func(c *store.Container) bool { return c.SandboxID == sandboxID })
+}

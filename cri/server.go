@@ -1,0 +1,129 @@
+// Package cri serves the CRI v1 RuntimeService and ImageService over cocoon: one file per RPC or
+// family of RPCs, the way containerd's internal/cri/server is laid out. Records live in pkg/store,
+// VMs in cocoon (through pkg/cocoon), network namespaces in tapmanager and images in imagestore.
+// List and Status RPCs are answered from the store; only lifecycle RPCs call cocoon.
+package cri
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"time"
+
+	"google.golang.org/grpc"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/cocoonstack/cocoon-cri/imagestore"
+	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/pkg/keylock"
+	"github.com/cocoonstack/cocoon-cri/pkg/refresh"
+	"github.com/cocoonstack/cocoon-cri/pkg/store"
+)
+
+// Names the runtime reports about itself.
+const (
+	// RuntimeName is reported by Version.
+	RuntimeName = "cocoon-cri"
+	// KubeletAPIVersion is the only Version.version the kubelet accepts.
+	KubeletAPIVersion = "0.1.0"
+	// RuntimeAPIVersion is the CRI version served.
+	RuntimeAPIVersion = "v1"
+	// HandlerName is the RuntimeClass handler cocoon-cri serves.
+	HandlerName = "cocoon"
+)
+
+// Config is what the server needs from the daemon's configuration.
+type Config struct {
+	// Version is cocoon-cri's own version, reported as runtime_version.
+	Version string
+	// ServeDefaultHandler makes the default runtime handler ("") run cocoon VMs too. Needed for
+	// static pods, which cannot resolve a RuntimeClass without an API server.
+	ServeDefaultHandler bool
+	// Defaults for VMs booted from an image when the container sets no limits; clones inherit the
+	// snapshot's size instead.
+	DefaultVCPUs   int
+	DefaultMemory  int64
+	DefaultStorage int64
+	// HostCPUs caps vCPUs: cocoon refuses more vCPUs than the host has cores.
+	HostCPUs int
+	// StatusProbeInterval is how often Status re-checks that cocoon answers.
+	StatusProbeInterval time.Duration
+}
+
+// Cocoon's own limits (reference/cocoon-contract.md section 1.1).
+const (
+	MinMemory  int64 = 512 << 20
+	MinStorage int64 = 10 << 30
+)
+
+// Networks creates and removes pod network namespaces.
+type Networks interface {
+	// NetNSPath is where the sandbox's namespace lives. It is recorded before the namespace is
+	// made, so a crash in between leaves nothing that recovery cannot find.
+	NetNSPath(sandboxID string) string
+	// CreateNetNS makes the namespace at path.
+	CreateNetNS(path string) error
+	// RemoveNetNS removes it; a missing namespace is not an error.
+	RemoveNetNS(path string) error
+}
+
+// Server implements runtimeapi.RuntimeServiceServer and runtimeapi.ImageServiceServer.
+type Server struct {
+	runtimeapi.UnsafeRuntimeServiceServer
+	runtimeapi.UnsafeImageServiceServer
+
+	cfg     Config
+	log     *slog.Logger
+	store   *store.Store
+	cocoon  *cocoon.Client
+	net     Networks
+	images  *imagestore.Service
+	locks   keylock.Map
+	health  *refresh.Value[*cocoon.VersionInfo]
+	nowFunc func() time.Time
+}
+
+// New returns a server over the given components.
+func New(cfg Config, log *slog.Logger, st *store.Store, cc *cocoon.Client, nets Networks, images *imagestore.Service) *Server {
+	if cfg.HostCPUs <= 0 {
+		cfg.HostCPUs = runtime.NumCPU()
+	}
+	if cfg.DefaultVCPUs <= 0 {
+		cfg.DefaultVCPUs = 1
+	}
+	if cfg.DefaultMemory <= 0 {
+		cfg.DefaultMemory = 1 << 30
+	}
+	if cfg.DefaultStorage <= 0 {
+		cfg.DefaultStorage = MinStorage
+	}
+	if cfg.StatusProbeInterval <= 0 {
+		cfg.StatusProbeInterval = 5 * time.Second
+	}
+	return &Server{
+		cfg: cfg, log: log, store: st, cocoon: cc, net: nets, images: images,
+		health:  newCocoonHealth(cc, cfg.StatusProbeInterval),
+		nowFunc: time.Now,
+	}
+}
+
+// Register adds both CRI services to a gRPC server.
+func (s *Server) Register(g *grpc.Server) {
+	runtimeapi.RegisterRuntimeServiceServer(g, s)
+	runtimeapi.RegisterImageServiceServer(g, s)
+}
+
+// Recover brings the records to a consistent state after a restart: a RunPodSandbox that a crash
+// interrupted is rolled back, so the kubelet's retry of it starts clean.
+func (s *Server) Recover(ctx context.Context) error {
+	for _, sb := range s.store.Sandboxes.List(func(sb *store.Sandbox) bool { return sb.State == store.SandboxCreating }) {
+		s.log.Info("rolling back an interrupted RunPodSandbox", "sandbox", sb.ID, "name", sb.Name)
+		if err := s.rollbackSandbox(sb); err != nil {
+			return fmt.Errorf("roll back sandbox %s: %w", sb.ID, err)
+		}
+	}
+	return ctx.Err()
+}
+
+func (s *Server) now() int64 { return s.nowFunc().UnixNano() }

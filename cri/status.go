@@ -1,0 +1,64 @@
+package cri
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/pkg/refresh"
+)
+
+// Reasons of the runtime conditions, in the CamelCase the kubelet shows on the node.
+const (
+	reasonCocoonUnavailable = "CocoonUnavailable"
+)
+
+// Status reports RuntimeReady (cocoon answers) and NetworkReady, and the handlers served.
+func (s *Server) Status(ctx context.Context, req *runtimeapi.StatusRequest) (*runtimeapi.StatusResponse, error) {
+	probe := s.health.Get(ctx)
+	runtimeReady := &runtimeapi.RuntimeCondition{Type: runtimeapi.RuntimeReady, Status: probe.Err == nil}
+	if probe.Err != nil {
+		runtimeReady.Reason = reasonCocoonUnavailable
+		runtimeReady.Message = "cocoon does not answer: " + probe.Err.Error()
+	}
+	networkReady := &runtimeapi.RuntimeCondition{Type: runtimeapi.NetworkReady, Status: true}
+
+	handlers := []*runtimeapi.RuntimeHandler{{Name: HandlerName, Features: handlerFeatures()}}
+	if s.cfg.ServeDefaultHandler {
+		handlers = append([]*runtimeapi.RuntimeHandler{{Name: "", Features: handlerFeatures()}}, handlers...)
+	}
+	resp := &runtimeapi.StatusResponse{
+		Status:          &runtimeapi.RuntimeStatus{Conditions: []*runtimeapi.RuntimeCondition{runtimeReady, networkReady}},
+		RuntimeHandlers: handlers,
+		Features:        &runtimeapi.RuntimeFeatures{SupplementalGroupsPolicy: false},
+	}
+	if req.GetVerbose() {
+		info := map[string]any{"config": s.cfg, "cocoonBinary": s.cocoon.Binary(), "cocoonCheckedAt": probe.At}
+		if probe.Value != nil {
+			info["cocoonVersion"] = probe.Value
+		}
+		data, err := json.Marshal(info)
+		if err != nil {
+			return nil, toStatus(err)
+		}
+		resp.Info = map[string]string{"info": string(data)}
+	}
+	return resp, nil
+}
+
+// handlerFeatures: a VM guest gets neither recursive read-only host mounts nor user namespaces
+// from the host kernel, so the kubelet must not ask for them.
+func handlerFeatures() *runtimeapi.RuntimeHandlerFeatures {
+	return &runtimeapi.RuntimeHandlerFeatures{RecursiveReadOnlyMounts: false, UserNamespaces: false}
+}
+
+// probeTimeout bounds one cocoon version call; the kubelet's Status deadline is longer.
+const probeTimeout = 5 * time.Second
+
+// newCocoonHealth answers "does cocoon run?" from a cocoon version call at most interval old.
+func newCocoonHealth(c *cocoon.Client, interval time.Duration) *refresh.Value[*cocoon.VersionInfo] {
+	return refresh.New(interval, probeTimeout, c.Version)
+}

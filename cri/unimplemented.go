@@ -1,0 +1,122 @@
+package cri
+
+import (
+	"context"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// The RPCs below are not served. Each answers codes.Unimplemented with what to do instead;
+// docs/cri-support.md lists them.
+
+const (
+	insteadExec     = "there is no exec path into a cocoon VM yet; reach the guest over the pod IP (ssh) or with cocoon vm console on the node"
+	insteadAttach   = "attach is not available yet; use cocoon vm console on the node"
+	insteadForward  = "port-forward is not available yet; connect to the pod IP directly"
+	insteadLogs     = "cocoon-cri does not write container logs yet, so there is no log to reopen"
+	insteadStats    = "VM statistics are not collected yet"
+	insteadResize   = "a running VM cannot be resized; recreate the pod with the new resources"
+	insteadCheckpnt = "checkpointing a VM through the CRI is not supported; take a cocoon snapshot on the node (cocoon snapshot save)"
+	insteadEvents   = "container events are not streamed yet; run the kubelet with its default generic PLEG (EventedPLEG off)"
+	insteadMetrics  = "CRI pod metrics are not provided; leave the PodAndContainerStatsFromCRI feature gate off"
+)
+
+// UpdateContainerResources is not served.
+func (s *Server) UpdateContainerResources(context.Context, *runtimeapi.UpdateContainerResourcesRequest) (*runtimeapi.UpdateContainerResourcesResponse, error) {
+	return nil, unimplemented("UpdateContainerResources", insteadResize)
+}
+
+// UpdatePodSandboxResources is not served.
+func (s *Server) UpdatePodSandboxResources(context.Context, *runtimeapi.UpdatePodSandboxResourcesRequest) (*runtimeapi.UpdatePodSandboxResourcesResponse, error) {
+	return nil, unimplemented("UpdatePodSandboxResources", insteadResize)
+}
+
+// ReopenContainerLog is not served.
+func (s *Server) ReopenContainerLog(context.Context, *runtimeapi.ReopenContainerLogRequest) (*runtimeapi.ReopenContainerLogResponse, error) {
+	return nil, unimplemented("ReopenContainerLog", insteadLogs)
+}
+
+// ExecSync is not served.
+func (s *Server) ExecSync(context.Context, *runtimeapi.ExecSyncRequest) (*runtimeapi.ExecSyncResponse, error) {
+	return nil, unimplemented("ExecSync", insteadExec)
+}
+
+// Exec is not served.
+func (s *Server) Exec(context.Context, *runtimeapi.ExecRequest) (*runtimeapi.ExecResponse, error) {
+	return nil, unimplemented("Exec", insteadExec)
+}
+
+// Attach is not served.
+func (s *Server) Attach(context.Context, *runtimeapi.AttachRequest) (*runtimeapi.AttachResponse, error) {
+	return nil, unimplemented("Attach", insteadAttach)
+}
+
+// PortForward is not served.
+func (s *Server) PortForward(context.Context, *runtimeapi.PortForwardRequest) (*runtimeapi.PortForwardResponse, error) {
+	return nil, unimplemented("PortForward", insteadForward)
+}
+
+// ContainerStats is not served.
+func (s *Server) ContainerStats(context.Context, *runtimeapi.ContainerStatsRequest) (*runtimeapi.ContainerStatsResponse, error) {
+	return nil, unimplemented("ContainerStats", insteadStats)
+}
+
+// ListContainerStats is not served.
+func (s *Server) ListContainerStats(context.Context, *runtimeapi.ListContainerStatsRequest) (*runtimeapi.ListContainerStatsResponse, error) {
+	return nil, unimplemented("ListContainerStats", insteadStats)
+}
+
+// StreamContainerStats is not served.
+func (s *Server) StreamContainerStats(*runtimeapi.StreamContainerStatsRequest, runtimeapi.RuntimeService_StreamContainerStatsServer) error {
+	return unimplemented("StreamContainerStats", insteadStats)
+}
+
+// PodSandboxStats is not served.
+func (s *Server) PodSandboxStats(context.Context, *runtimeapi.PodSandboxStatsRequest) (*runtimeapi.PodSandboxStatsResponse, error) {
+	return nil, unimplemented("PodSandboxStats", insteadStats)
+}
+
+// ListPodSandboxStats is not served.
+func (s *Server) ListPodSandboxStats(context.Context, *runtimeapi.ListPodSandboxStatsRequest) (*runtimeapi.ListPodSandboxStatsResponse, error) {
+	return nil, unimplemented("ListPodSandboxStats", insteadStats)
+}
+
+// StreamPodSandboxStats is not served.
+func (s *Server) StreamPodSandboxStats(*runtimeapi.StreamPodSandboxStatsRequest, runtimeapi.RuntimeService_StreamPodSandboxStatsServer) error {
+	return unimplemented("StreamPodSandboxStats", insteadStats)
+}
+
+// CheckpointContainer is not served.
+func (s *Server) CheckpointContainer(context.Context, *runtimeapi.CheckpointContainerRequest) (*runtimeapi.CheckpointContainerResponse, error) {
+	return nil, unimplemented("CheckpointContainer", insteadCheckpnt)
+}
+
+// CheckpointPod is not served.
+func (s *Server) CheckpointPod(context.Context, *runtimeapi.CheckpointPodRequest) (*runtimeapi.CheckpointPodResponse, error) {
+	return nil, unimplemented("CheckpointPod", insteadCheckpnt)
+}
+
+// RestorePod is not served.
+func (s *Server) RestorePod(context.Context, *runtimeapi.RestorePodRequest) (*runtimeapi.RestorePodResponse, error) {
+	return nil, unimplemented("RestorePod", insteadCheckpnt)
+}
+
+// GetContainerEvents is not served.
+func (s *Server) GetContainerEvents(*runtimeapi.GetEventsRequest, runtimeapi.RuntimeService_GetContainerEventsServer) error {
+	return unimplemented("GetContainerEvents", insteadEvents)
+}
+
+// ListMetricDescriptors is not served.
+func (s *Server) ListMetricDescriptors(context.Context, *runtimeapi.ListMetricDescriptorsRequest) (*runtimeapi.ListMetricDescriptorsResponse, error) {
+	return nil, unimplemented("ListMetricDescriptors", insteadMetrics)
+}
+
+// ListPodSandboxMetrics is not served.
+func (s *Server) ListPodSandboxMetrics(context.Context, *runtimeapi.ListPodSandboxMetricsRequest) (*runtimeapi.ListPodSandboxMetricsResponse, error) {
+	return nil, unimplemented("ListPodSandboxMetrics", insteadMetrics)
+}
+
+// StreamPodSandboxMetrics is not served.
+func (s *Server) StreamPodSandboxMetrics(*runtimeapi.StreamPodSandboxMetricsRequest, runtimeapi.RuntimeService_StreamPodSandboxMetricsServer) error {
+	return unimplemented("StreamPodSandboxMetrics", insteadMetrics)
+}

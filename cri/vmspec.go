@@ -1,0 +1,104 @@
+package cri
+
+import (
+	"fmt"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/pkg/store"
+)
+
+// planVM decides the VM a container gets: clone a snapshot image or boot a VM image, and its size.
+//
+// Size: vCPUs from the CPU limit (quota/period), else the CPU request (shares), rounded up; memory
+// from the memory limit. A boot with neither gets the configured defaults; a clone gets the
+// snapshot's size, which is also its floor (a memory snapshot cannot shrink). Memory is raised to
+// cocoon's 512 MiB minimum and vCPUs are capped at the host's cores, which cocoon cannot exceed.
+func (s *Server) planVM(id string, cfg *runtimeapi.ContainerConfig, sb *store.Sandbox, img *store.Image) (store.VM, error) {
+	md := sb.Config.Msg.GetMetadata()
+	vm := store.VM{
+		Name:       vmName(id, md.GetName(), cfg.GetMetadata().GetName()),
+		Source:     img.LocalName,
+		NoDirectIO: sb.VM.NoDirectIO,
+		Network:    sb.VM.Network,
+	}
+	cpus, memory := s.requestedSize(cfg.GetLinux().GetResources())
+
+	switch img.Kind {
+	case store.ImageSnapshot:
+		snap := img.Snapshot
+		if snap == nil {
+			return vm, fmt.Errorf("image %s has no snapshot description; re-import it", img.ID)
+		}
+		if sb.VM.Backend != "" && sb.VM.Backend != snap.Hypervisor {
+			return vm, invalid("image %s is a %s snapshot but annotation %s asks for %s: a snapshot can only be cloned on the hypervisor that took it",
+				img.RepoTags, snap.Hypervisor, AnnotationBackend, sb.VM.Backend)
+		}
+		vm.Mode = store.VMClone
+		vm.Backend = snap.Hypervisor
+		vm.CPU, vm.Memory, vm.Storage = snap.CPU, snap.Memory, snap.Storage
+		vm.Windows = snap.Windows
+		if snap.Hypervisor == cocoon.HypervisorCloudHypervisor {
+			// Firecracker cannot resize a restored VM; cloud-hypervisor can grow it.
+			vm.CPU, vm.Memory = max(vm.CPU, cpus), max(vm.Memory, memory)
+			vm.OnDemand = true
+		}
+		vm.Storage = max(vm.Storage, sb.VM.Storage)
+	case store.ImageCloud, store.ImageOCI:
+		vm.Mode = store.VMBoot
+		vm.Backend = sb.VM.Backend
+		if vm.Backend == "" {
+			vm.Backend = cocoon.HypervisorCloudHypervisor
+		}
+		if img.Kind == store.ImageCloud && vm.Backend == cocoon.HypervisorFirecracker {
+			return vm, invalid("image %s is a cloud image, which boots with UEFI; Firecracker only boots OCI VM images: drop annotation %s=%s",
+				img.RepoTags, AnnotationBackend, vm.Backend)
+		}
+		vm.Windows = sb.VM.Windows
+		if img.Kind == store.ImageOCI && vm.Windows {
+			return vm, invalid("image %s is an OCI VM image (direct kernel boot); Windows guests need a cloud image: drop annotation %s=windows",
+				img.RepoTags, AnnotationOS)
+		}
+		vm.CPU = cpus
+		if vm.CPU == 0 {
+			vm.CPU = s.cfg.DefaultVCPUs
+		}
+		vm.Memory = memory
+		if vm.Memory == 0 {
+			vm.Memory = s.cfg.DefaultMemory
+		}
+		vm.Storage = sb.VM.Storage
+		if vm.Storage == 0 {
+			vm.Storage = s.cfg.DefaultStorage
+		}
+	default:
+		return vm, fmt.Errorf("image %s has unknown kind %q", img.ID, img.Kind)
+	}
+	vm.CPU = min(max(vm.CPU, 1), s.cfg.HostCPUs)
+	vm.Memory = max(roundUpMiB(vm.Memory), MinMemory)
+	vm.Storage = max(vm.Storage, MinStorage)
+	return vm, nil
+}
+
+// requestedSize reads vCPUs and memory bytes from the container's resources; 0 means unset.
+func (s *Server) requestedSize(r *runtimeapi.LinuxContainerResources) (cpus int, memory int64) {
+	switch {
+	case r.GetCpuQuota() > 0 && r.GetCpuPeriod() > 0:
+		cpus = int((r.GetCpuQuota() + r.GetCpuPeriod() - 1) / r.GetCpuPeriod())
+	case r.GetCpuShares() > minShares:
+		cpus = int((r.GetCpuShares() + sharesPerCPU - 1) / sharesPerCPU)
+	}
+	return cpus, r.GetMemoryLimitInBytes()
+}
+
+// The kubelet's CPU shares: 1024 per CPU requested, and 2 for a container that requests none.
+const (
+	sharesPerCPU = 1024
+	minShares    = 2
+)
+
+func roundUpMiB(n int64) int64 {
+	const mib = 1 << 20
+	return (n + mib - 1) / mib * mib
+}

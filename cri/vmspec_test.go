@@ -1,0 +1,186 @@
+package cri
+
+import (
+	"regexp"
+	"strings"
+	"testing"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/pkg/store"
+)
+
+func testServer() *Server {
+	return New(Config{HostCPUs: 4, DefaultVCPUs: 1, DefaultMemory: 1 << 30, DefaultStorage: 10 << 30}, nil, nil, cocoon.New(cocoon.Options{}), nil, nil)
+}
+
+func podSandbox(annotations map[string]string) *store.Sandbox {
+	opts, err := parseVMOptions(annotations)
+	if err != nil {
+		panic(err)
+	}
+	return &store.Sandbox{
+		ID: "sb", VM: opts,
+		Config: store.Proto[*runtimeapi.PodSandboxConfig]{Msg: &runtimeapi.PodSandboxConfig{
+			Metadata: &runtimeapi.PodSandboxMetadata{Name: "web", Namespace: "default", Uid: "u"},
+		}},
+	}
+}
+
+func container(res *runtimeapi.LinuxContainerResources) *runtimeapi.ContainerConfig {
+	return &runtimeapi.ContainerConfig{
+		Metadata: &runtimeapi.ContainerMetadata{Name: "app"},
+		Image:    &runtimeapi.ImageSpec{Image: "img"},
+		Linux:    &runtimeapi.LinuxContainerConfig{Resources: res},
+	}
+}
+
+var (
+	cloudImage = &store.Image{ID: "sha256:c", Kind: store.ImageCloud, LocalName: "cri-sha256-c"}
+	chSnapshot = &store.Image{ID: "sha256:s", Kind: store.ImageSnapshot, LocalName: "cri-sha256-s",
+		Snapshot: &store.SnapshotInfo{CPU: 2, Memory: 2 << 30, Storage: 20 << 30, Hypervisor: cocoon.HypervisorCloudHypervisor}}
+	fcSnapshot = &store.Image{ID: "sha256:f", Kind: store.ImageSnapshot, LocalName: "cri-sha256-f",
+		Snapshot: &store.SnapshotInfo{CPU: 1, Memory: 1 << 30, Storage: 10 << 30, Hypervisor: cocoon.HypervisorFirecracker}}
+)
+
+const id64 = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+
+func TestBootSizeComesFromLimits(t *testing.T) {
+	s := testServer()
+	cases := []struct {
+		name     string
+		res      *runtimeapi.LinuxContainerResources
+		cpu      int
+		memory   int64
+		annotate map[string]string
+		storage  int64
+	}{
+		{"defaults", nil, 1, 1 << 30, nil, 10 << 30},
+		{"limit 1500m, 3Gi", &runtimeapi.LinuxContainerResources{CpuQuota: 150000, CpuPeriod: 100000, MemoryLimitInBytes: 3 << 30}, 2, 3 << 30, nil, 10 << 30},
+		{"request 2 CPUs without limit", &runtimeapi.LinuxContainerResources{CpuShares: 2048}, 2, 1 << 30, nil, 10 << 30},
+		{"best effort shares", &runtimeapi.LinuxContainerResources{CpuShares: 2}, 1, 1 << 30, nil, 10 << 30},
+		{"capped at host cores", &runtimeapi.LinuxContainerResources{CpuQuota: 1600000, CpuPeriod: 100000}, 4, 1 << 30, nil, 10 << 30},
+		{"memory raised to cocoon minimum", &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 100 << 20}, 1, 512 << 20, nil, 10 << 30},
+		{"memory rounded to MiB", &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 1<<30 + 1}, 1, 1<<30 + 1<<20, nil, 10 << 30},
+		{"storage annotation", nil, 1, 1 << 30, map[string]string{AnnotationStorage: "20Gi"}, 20 << 30},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			vm, err := s.planVM(id64, container(tc.res), podSandbox(tc.annotate), cloudImage)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if vm.Mode != store.VMBoot || vm.CPU != tc.cpu || vm.Memory != tc.memory || vm.Storage != tc.storage {
+				t.Fatalf("got mode=%s cpu=%d memory=%d storage=%d", vm.Mode, vm.CPU, vm.Memory, vm.Storage)
+			}
+			if vm.Backend != cocoon.HypervisorCloudHypervisor || vm.Source != "cri-sha256-c" || vm.OnDemand {
+				t.Fatalf("got %+v", vm)
+			}
+		})
+	}
+}
+
+func TestCloneNeverShrinksBelowTheSnapshot(t *testing.T) {
+	s := testServer()
+	small := &runtimeapi.LinuxContainerResources{CpuQuota: 100000, CpuPeriod: 100000, MemoryLimitInBytes: 1 << 30}
+	vm, err := s.planVM(id64, container(small), podSandbox(nil), chSnapshot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if vm.Mode != store.VMClone || vm.CPU != 2 || vm.Memory != 2<<30 || vm.Storage != 20<<30 || !vm.OnDemand {
+		t.Fatalf("got %+v", vm)
+	}
+	big := &runtimeapi.LinuxContainerResources{CpuQuota: 300000, CpuPeriod: 100000, MemoryLimitInBytes: 4 << 30}
+	vm, err = s.planVM(id64, container(big), podSandbox(map[string]string{AnnotationStorage: "30Gi"}), chSnapshot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if vm.CPU != 3 || vm.Memory != 4<<30 || vm.Storage != 30<<30 {
+		t.Fatalf("got %+v", vm)
+	}
+}
+
+func TestFirecrackerCloneKeepsTheSnapshotSize(t *testing.T) {
+	s := testServer()
+	big := &runtimeapi.LinuxContainerResources{CpuQuota: 300000, CpuPeriod: 100000, MemoryLimitInBytes: 4 << 30}
+	vm, err := s.planVM(id64, container(big), podSandbox(nil), fcSnapshot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if vm.Backend != cocoon.HypervisorFirecracker || vm.CPU != 1 || vm.Memory != 1<<30 || vm.OnDemand {
+		t.Fatalf("got %+v", vm)
+	}
+}
+
+func TestPlanRefusesWhatCocoonCannotDo(t *testing.T) {
+	s := testServer()
+	cases := []struct {
+		name     string
+		annotate map[string]string
+		img      *store.Image
+		want     string
+	}{
+		{"snapshot on the other hypervisor", map[string]string{AnnotationBackend: "firecracker"}, chSnapshot, "only be cloned on the hypervisor"},
+		{"cloud image on firecracker", map[string]string{AnnotationBackend: "firecracker"}, cloudImage, "Firecracker only boots OCI"},
+		{"windows OCI image", map[string]string{AnnotationOS: "windows"}, &store.Image{ID: "sha256:o", Kind: store.ImageOCI}, "Windows guests need a cloud image"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := s.planVM(id64, container(nil), podSandbox(tc.annotate), tc.img)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want it to say %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestParseVMOptions(t *testing.T) {
+	opts, err := parseVMOptions(map[string]string{
+		AnnotationBackend: "cloud-hypervisor", AnnotationNoDirectIO: "true", AnnotationStorage: "25Gi",
+		AnnotationOS: "windows", AnnotationNetwork: "cocoon-dhcp", "unrelated": "x",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := store.VMOptions{Backend: "cloud-hypervisor", NoDirectIO: true, Storage: 25 << 30, Windows: true, Network: "cocoon-dhcp"}
+	if opts != want {
+		t.Fatalf("got %+v, want %+v", opts, want)
+	}
+	for name, bad := range map[string]map[string]string{
+		"backend":        {AnnotationBackend: "qemu"},
+		"no-direct-io":   {AnnotationNoDirectIO: "yes"},
+		"storage":        {AnnotationStorage: "lots"},
+		"storage min":    {AnnotationStorage: "5Gi"},
+		"os":             {AnnotationOS: "plan9"},
+		"network empty":  {AnnotationNetwork: " "},
+		"fc and windows": {AnnotationBackend: "firecracker", AnnotationOS: "windows"},
+	} {
+		if _, err := parseVMOptions(bad); err == nil {
+			t.Errorf("%s: %v accepted", name, bad)
+		}
+	}
+}
+
+func TestVMNames(t *testing.T) {
+	name := vmName(id64, "web", "app")
+	if name != "cri-0123456789ab-web-app" {
+		t.Fatalf("name %q", name)
+	}
+	long := vmName(id64, strings.Repeat("very-long-pod-name", 10), "c")
+	if len(long) > 63 || !strings.HasPrefix(long, "cri-0123456789ab-") {
+		t.Fatalf("long name %q (%d)", long, len(long))
+	}
+	odd := vmName(id64, "my pod/ü", "x_y")
+	if odd != "cri-0123456789ab-my-pod-x_y" {
+		t.Fatalf("odd name %q", odd)
+	}
+	for _, n := range []string{name, long, odd} {
+		if !vmNamePattern.MatchString(n) {
+			t.Fatalf("%q breaks cocoon's name rule", n)
+		}
+	}
+}
+
+// vmNamePattern is cocoon's rule for VM names.
+var vmNamePattern = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$`)
