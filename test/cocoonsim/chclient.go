@@ -1,0 +1,161 @@
+package cocoonsim
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"slices"
+	"time"
+)
+
+// The cloud-hypervisor REST client cocoon uses (hypervisor/cloudhypervisor/helper.go and
+// utils/http.go): PUT actions expect 204, transient failures (connection errors, 5xx, 429) are
+// retried three times with exponential backoff.
+const (
+	chHTTPTimeout   = 30 * time.Second
+	chMaxRetries    = 3
+	chBaseBackoff   = 100 * time.Millisecond
+	chMemTransferTO = 10 * time.Minute
+)
+
+// chAPIError carries the HTTP status of a failed API call.
+type chAPIError struct {
+	Code    int
+	Message string
+}
+
+func (e *chAPIError) Error() string { return e.Message }
+
+type chClient struct {
+	hc *http.Client
+}
+
+func newCHClient(socketPath string) *chClient {
+	return &chClient{hc: &http.Client{
+		Timeout: chHTTPTimeout,
+		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socketPath)
+		}},
+	}}
+}
+
+func (c *chClient) do(ctx context.Context, method, endpoint string, body []byte, want int) ([]byte, error) {
+	url := "http://localhost/api/v1/" + endpoint
+	var reqBody io.Reader
+	if body != nil {
+		reqBody = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, reqBody)
+	if err != nil {
+		return nil, fmt.Errorf("build request %s %s: %w", method, url, err)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", method, url, err)
+	}
+	defer resp.Body.Close() //nolint:errcheck
+	rb, readErr := io.ReadAll(resp.Body)
+	if resp.StatusCode != want {
+		return nil, &chAPIError{Code: resp.StatusCode, Message: fmt.Sprintf("%s %s → %d: %s", method, url, resp.StatusCode, rb)}
+	}
+	if readErr != nil {
+		return nil, fmt.Errorf("read response body %s %s: %w", method, url, readErr)
+	}
+	return rb, nil
+}
+
+// action PUTs an action endpoint with retries; extra success codes are accepted too.
+func (c *chClient) action(ctx context.Context, endpoint string, body any, success ...int) error {
+	var payload []byte
+	if body != nil {
+		var err error
+		if payload, err = json.Marshal(body); err != nil {
+			return fmt.Errorf("marshal %s request: %w", endpoint, err)
+		}
+	}
+	if len(success) == 0 {
+		success = []int{http.StatusNoContent}
+	}
+	var lastErr error
+	for attempt := 0; attempt <= chMaxRetries; attempt++ {
+		_, err := c.do(ctx, http.MethodPut, endpoint, payload, success[0])
+		var apiErr *chAPIError
+		if err == nil || (errors.As(err, &apiErr) && slices.Contains(success[1:], apiErr.Code)) {
+			return nil
+		}
+		lastErr = err
+		if errors.As(err, &apiErr) && apiErr.Code < 500 && apiErr.Code != http.StatusTooManyRequests {
+			return err
+		}
+		if attempt < chMaxRetries {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(chBaseBackoff << attempt):
+			}
+		}
+	}
+	return lastErr
+}
+
+func (c *chClient) shutdown(ctx context.Context) error { return c.action(ctx, "vm.shutdown", nil) }
+func (c *chClient) powerButton(ctx context.Context) error {
+	return c.action(ctx, "vm.power-button", nil)
+}
+func (c *chClient) pause(ctx context.Context) error  { return c.action(ctx, "vm.pause", nil) }
+func (c *chClient) resume(ctx context.Context) error { return c.action(ctx, "vm.resume", nil) }
+
+// snapshot and restore move the whole guest memory, so they get the long timeout and no retry.
+func (c *chClient) snapshot(ctx context.Context, destDir string) error {
+	return c.memoryTransfer(ctx, "vm.snapshot", map[string]string{"destination_url": "file://" + destDir})
+}
+
+func (c *chClient) restore(ctx context.Context, sourceDir string, onDemand bool) error {
+	req := struct {
+		SourceURL         string `json:"source_url"`
+		MemoryRestoreMode string `json:"memory_restore_mode,omitempty"`
+	}{SourceURL: "file://" + sourceDir}
+	if onDemand {
+		req.MemoryRestoreMode = "OnDemand"
+	}
+	return c.memoryTransfer(ctx, "vm.restore", req)
+}
+
+func (c *chClient) memoryTransfer(ctx context.Context, endpoint string, req any) error {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return fmt.Errorf("marshal %s request: %w", endpoint, err)
+	}
+	c.hc.Timeout = chMemTransferTO
+	defer func() { c.hc.Timeout = chHTTPTimeout }()
+	_, err = c.do(ctx, http.MethodPut, endpoint, body, http.StatusNoContent)
+	return err
+}
+
+func (c *chClient) addDisk(ctx context.Context, disk any) error {
+	return c.action(ctx, "vm.add-disk", disk, http.StatusOK, http.StatusNoContent)
+}
+
+// waitForSocket waits until the API socket accepts connections, failing early if the
+// hypervisor process dies first.
+func waitForSocket(ctx context.Context, socketPath string, pid int, timeout time.Duration, processName string) error {
+	return waitFor(ctx, timeout, time.Millisecond, func() (bool, error) {
+		if conn, err := net.DialTimeout("unix", socketPath, 2*time.Second); err == nil {
+			_ = conn.Close()
+			return true, nil
+		}
+		if !isProcessAlive(pid) {
+			return false, fmt.Errorf("%s exited before socket was ready", processName)
+		}
+		return false, nil
+	})
+}

@@ -1,0 +1,283 @@
+package guest
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// Snapshot files a Cloud Hypervisor snapshot directory holds.
+const (
+	snapshotConfigFile = "config.json"
+	snapshotStateFile  = "state.json"
+	snapshotMemoryFile = "memory-range-0"
+)
+
+// memoryRestoreOnDemand is CH's UFFD lazy restore mode.
+const memoryRestoreOnDemand = "OnDemand"
+
+func (v *vmm) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /api/v1/vmm.ping", v.handlePing)
+	mux.HandleFunc("GET /api/v1/vm.info", v.handleInfo)
+	mux.HandleFunc("PUT /api/v1/vm.shutdown", v.handleShutdown)
+	mux.HandleFunc("PUT /api/v1/vm.power-button", v.handlePowerButton)
+	mux.HandleFunc("PUT /api/v1/vm.pause", v.handlePause)
+	mux.HandleFunc("PUT /api/v1/vm.resume", v.handleResume)
+	mux.HandleFunc("PUT /api/v1/vm.snapshot", v.handleSnapshot)
+	mux.HandleFunc("PUT /api/v1/vm.restore", v.handleRestore)
+	mux.HandleFunc("PUT /api/v1/vm.add-disk", v.handleAddDisk)
+	return mux
+}
+
+// apiError answers like Cloud Hypervisor does for a failed action: 500 with the reason.
+func apiError(w http.ResponseWriter, format string, args ...any) {
+	http.Error(w, fmt.Sprintf(format, args...), http.StatusInternalServerError)
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func (v *vmm) handlePing(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, map[string]any{
+		"build_version": "v51.0-cocoon-sim",
+		"version":       "51.0",
+		"pid":           os.Getpid(),
+		"features":      []string{},
+	})
+}
+
+func (v *vmm) handleInfo(w http.ResponseWriter, _ *http.Request) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.cfg == nil {
+		apiError(w, "VM is not created")
+		return
+	}
+	writeJSON(w, map[string]any{
+		"config":             v.cfg,
+		"state":              v.state,
+		"memory_actual_size": v.cfg.Memory.Size,
+	})
+}
+
+// handleShutdown destroys the VM at once. As with Cloud Hypervisor, the VMM process itself keeps
+// running until it is signalled; cocoon follows vm.shutdown with SIGTERM.
+func (v *vmm) handleShutdown(w http.ResponseWriter, _ *http.Request) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.cfg == nil {
+		apiError(w, "VM is not created")
+		return
+	}
+	v.state = stateShutdown
+	v.logger.Printf("vm.shutdown: VM shut down")
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (v *vmm) handlePowerButton(w http.ResponseWriter, _ *http.Request) {
+	v.mu.Lock()
+	state := v.state
+	v.mu.Unlock()
+	if state != stateRunning {
+		apiError(w, "VM is not running (state %s)", state)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+	v.console.Printf("%s ACPI: Power Button [PWRF]", v.uptime())
+	if v.spec.IgnorePowerButton {
+		v.logger.Printf("vm.power-button: guest ignores the power button")
+		return
+	}
+	go v.powerOff("ACPI power button")
+}
+
+func (v *vmm) handlePause(w http.ResponseWriter, _ *http.Request) {
+	v.transition(w, stateRunning, statePaused)
+}
+
+func (v *vmm) handleResume(w http.ResponseWriter, _ *http.Request) {
+	v.mu.Lock()
+	announce := v.resumePending
+	v.resumePending = false
+	v.mu.Unlock()
+	if !v.transition(w, statePaused, stateRunning) {
+		return
+	}
+	if announce {
+		v.console.Printf("%s cocoon-sim: resumed from snapshot", v.uptime())
+		v.printReady()
+		v.startBehaviours()
+	}
+}
+
+func (v *vmm) transition(w http.ResponseWriter, from, to string) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.state != from {
+		apiError(w, "VM is %s, want %s", v.state, from)
+		return false
+	}
+	v.state = to
+	w.WriteHeader(http.StatusNoContent)
+	return true
+}
+
+// handleSnapshot writes a Cloud Hypervisor snapshot (config.json, state.json, memory ranges) of
+// the paused VM into destination_url.
+func (v *vmm) handleSnapshot(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		DestinationURL string `json:"destination_url"`
+	}
+	dir, err := decodeFileURL(r, &req, &req.DestinationURL)
+	if err != nil {
+		apiError(w, "vm.snapshot: %v", err)
+		return
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.state != statePaused {
+		apiError(w, "vm.snapshot: VM is not paused (state %s)", v.state)
+		return
+	}
+	if err := v.writeSnapshot(dir); err != nil {
+		apiError(w, "vm.snapshot: %v", err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (v *vmm) writeSnapshot(dir string) error {
+	for i := range v.cfg.Disks {
+		if v.cfg.Disks[i].ID == "" {
+			v.cfg.Disks[i].ID = fmt.Sprintf("_disk%d", i)
+		}
+	}
+	for i := range v.cfg.Nets {
+		if v.cfg.Nets[i].ID == "" {
+			v.cfg.Nets[i].ID = fmt.Sprintf("_net%d", i)
+		}
+	}
+	cfg, err := json.Marshal(v.cfg)
+	if err != nil {
+		return err
+	}
+	state, err := json.Marshal(map[string]any{"vm_name": v.name, "state": v.state, "cpus": v.cfg.CPUs.BootVCPUs})
+	if err != nil {
+		return err
+	}
+	memory := fmt.Appendf(nil, "cocoon-sim guest memory of %s\n", v.name)
+	for name, data := range map[string][]byte{
+		snapshotConfigFile: cfg,
+		snapshotStateFile:  state,
+		snapshotMemoryFile: memory,
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// handleRestore loads a snapshot directory into a hypervisor that has no VM yet. The VM comes up
+// paused; vm.resume lets the guest run.
+func (v *vmm) handleRestore(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		SourceURL         string `json:"source_url"`
+		MemoryRestoreMode string `json:"memory_restore_mode"`
+	}
+	dir, err := decodeFileURL(r, &req, &req.SourceURL)
+	if err != nil {
+		apiError(w, "vm.restore: %v", err)
+		return
+	}
+	cfg, err := readSnapshot(dir)
+	if err != nil {
+		apiError(w, "vm.restore: %v", err)
+		return
+	}
+	v.mu.Lock()
+	exists := v.cfg != nil
+	v.mu.Unlock()
+	if exists {
+		apiError(w, "vm.restore: VM is already created")
+		return
+	}
+	if req.MemoryRestoreMode == memoryRestoreOnDemand {
+		if err := v.watchMemoryFiles(dir); err != nil {
+			apiError(w, "vm.restore: %v", err)
+			return
+		}
+	}
+	if err := v.attachConsole(cfg); err != nil {
+		apiError(w, "vm.restore: %v", err)
+		return
+	}
+	v.mu.Lock()
+	v.cfg = cfg
+	v.state = statePaused
+	v.resumePending = true
+	v.mu.Unlock()
+	v.logger.Printf("vm.restore: restored from %s (memory_restore_mode=%q)", dir, req.MemoryRestoreMode)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func readSnapshot(dir string) (*VMConfig, error) {
+	data, err := os.ReadFile(filepath.Join(dir, snapshotConfigFile)) //nolint:gosec // snapshot dir
+	if err != nil {
+		return nil, err
+	}
+	var cfg VMConfig
+	if err := json.Unmarshal(data, &cfg); err != nil {
+		return nil, fmt.Errorf("decode %s: %w", snapshotConfigFile, err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, snapshotStateFile)); err != nil {
+		return nil, err
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), "memory-range") {
+			return &cfg, nil
+		}
+	}
+	return nil, errors.New("no memory-range file in snapshot")
+}
+
+func (v *vmm) handleAddDisk(w http.ResponseWriter, r *http.Request) {
+	var disk Disk
+	if err := json.NewDecoder(r.Body).Decode(&disk); err != nil {
+		apiError(w, "vm.add-disk: %v", err)
+		return
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.cfg == nil {
+		apiError(w, "VM is not created")
+		return
+	}
+	disk.ID = fmt.Sprintf("_disk%d", len(v.cfg.Disks))
+	v.cfg.Disks = append(v.cfg.Disks, disk)
+	writeJSON(w, map[string]string{"id": disk.ID, "bdf": fmt.Sprintf("0000:00:%02x.0", 0x10+len(v.cfg.Disks))})
+}
+
+// decodeFileURL decodes a request whose target is a file:// URL and returns the local path.
+func decodeFileURL(r *http.Request, req any, rawURL *string) (string, error) {
+	if err := json.NewDecoder(r.Body).Decode(req); err != nil {
+		return "", fmt.Errorf("decode request: %w", err)
+	}
+	u, err := url.Parse(*rawURL)
+	if err != nil || u.Scheme != "file" {
+		return "", fmt.Errorf("want a file:// URL, got %q", *rawURL)
+	}
+	return u.Path, nil
+}

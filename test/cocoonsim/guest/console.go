@@ -1,0 +1,56 @@
+package guest
+
+import (
+	"fmt"
+	"io"
+	"sync/atomic"
+	"time"
+)
+
+// consoleQueueLines bounds how much console output waits for a slow or absent reader. A real
+// guest's console never stalls the guest; past this bound the simulated one drops output.
+const consoleQueueLines = 256
+
+// console is the guest's console device as seen from inside the guest: it prints lines and never
+// blocks. A device goroutine moves queued lines to the sink (a PTY or a serial socket), where a
+// write may block on a slow or absent reader without holding up the guest.
+type console struct {
+	lines   chan []byte
+	pending atomic.Int64 // queued or being written
+}
+
+// newConsole starts the device goroutine that feeds sink. A nil sink discards output, like a
+// console in "Off" mode.
+func newConsole(sink io.Writer) *console {
+	c := &console{lines: make(chan []byte, consoleQueueLines)}
+	go func() {
+		for line := range c.lines {
+			if sink != nil {
+				_, _ = sink.Write(line)
+			}
+			c.pending.Add(-1)
+		}
+	}()
+	return c
+}
+
+// Printf queues one console line (the guest's line ending, "\r\n", is added). It drops the line
+// when the queue is full rather than stall the guest.
+func (c *console) Printf(format string, args ...any) {
+	line := []byte(fmt.Sprintf(format, args...) + "\r\n")
+	c.pending.Add(1)
+	select {
+	case c.lines <- line:
+	default:
+		c.pending.Add(-1)
+	}
+}
+
+// Flush waits up to timeout for queued lines to reach the sink, so a guest that powers off leaves
+// its last words on the console.
+func (c *console) Flush(timeout time.Duration) {
+	deadline := time.Now().Add(timeout)
+	for c.pending.Load() > 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+}

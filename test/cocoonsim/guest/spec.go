@@ -1,0 +1,83 @@
+// Package guest is the process that stands in for cloud-hypervisor and the guest it runs. The cocoon
+// simulator starts it detached (see Launch); it serves a Cloud-Hypervisor-like REST API on the VM's
+// api.sock, exposes a console (a PTY or a serial unix socket, the way cocoon configures CH), prints a
+// boot banner on it and then behaves as the image tells it to (Spec).
+package guest
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// SpecFile is the name of the guest behaviour file. Test images carry it (at the root of an OCI
+// layer tar, or as a data file of a snapshot archive); the simulator copies it into the VM's run
+// directory, where the guest reads it at boot or restore.
+const SpecFile = "cocoon-sim-guest.json"
+
+// Spec is what a simulated guest does besides booting, printing its banner and running until it
+// is stopped. The zero value is a well-behaved guest.
+type Spec struct {
+	// IgnorePowerButton makes the guest ignore ACPI power-button presses, so a graceful stop of a
+	// UEFI VM has to time out and escalate to SIGTERM.
+	IgnorePowerButton bool `json:"ignore_power_button,omitempty"`
+	// PoweroffAfter makes the guest power itself off this long after it started running: the
+	// hypervisor process exits 0 and, as with real cocoon, nothing updates the VM record.
+	PoweroffAfter Duration `json:"poweroff_after,omitempty"`
+	// CrashAfter makes the hypervisor process die abruptly (SIGKILL) this long after the guest
+	// started running.
+	CrashAfter Duration `json:"crash_after,omitempty"`
+	// FailBoot makes the hypervisor process exit 1 before its API socket appears, the way a
+	// broken kernel or disk image makes a real launch fail.
+	FailBoot bool `json:"fail_boot,omitempty"`
+}
+
+// IsZero reports whether s asks for nothing but the default behaviour.
+func (s Spec) IsZero() bool { return s == Spec{} }
+
+// Duration is a time.Duration that reads and writes JSON as a Go duration string ("1.5s").
+type Duration time.Duration
+
+// MarshalJSON writes d as a duration string.
+func (d Duration) MarshalJSON() ([]byte, error) {
+	return json.Marshal(time.Duration(d).String())
+}
+
+// UnmarshalJSON reads a duration string such as "500ms" or "2s".
+func (d *Duration) UnmarshalJSON(data []byte) error {
+	var s string
+	if err := json.Unmarshal(data, &s); err != nil {
+		return fmt.Errorf("duration must be a string like \"2s\": %w", err)
+	}
+	parsed, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*d = Duration(parsed)
+	return nil
+}
+
+// ParseSpec decodes a behaviour file's content.
+func ParseSpec(data []byte) (Spec, error) {
+	var s Spec
+	if err := json.Unmarshal(data, &s); err != nil {
+		return Spec{}, fmt.Errorf("parse %s: %w", SpecFile, err)
+	}
+	return s, nil
+}
+
+// ReadSpec reads dir/SpecFile; a missing file means the default behaviour.
+func ReadSpec(dir string) (Spec, error) {
+	data, err := os.ReadFile(filepath.Join(dir, SpecFile)) //nolint:gosec // dir is a VM run dir
+	if errors.Is(err, fs.ErrNotExist) {
+		return Spec{}, nil
+	}
+	if err != nil {
+		return Spec{}, fmt.Errorf("read %s: %w", SpecFile, err)
+	}
+	return ParseSpec(data)
+}

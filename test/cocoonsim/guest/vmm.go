@@ -1,0 +1,218 @@
+package guest
+
+import (
+	"errors"
+	"fmt"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Cloud Hypervisor VM states as vm.info reports them.
+const (
+	stateCreated  = "Created"
+	stateRunning  = "Running"
+	statePaused   = "Paused"
+	stateShutdown = "Shutdown"
+)
+
+// flushOnExit is how long a guest that powers off waits for its last console lines to be read.
+const flushOnExit = time.Second
+
+// vmm is one simulated hypervisor process and the guest inside it.
+type vmm struct {
+	name   string
+	runDir string
+	spec   Spec
+	logger *log.Logger
+	exit   chan int
+	booted time.Time
+
+	mu    sync.Mutex
+	cfg   *VMConfig // nil until the VM is booted or restored
+	state string
+	// resumePending is set by vm.restore: the guest announces itself on the first vm.resume.
+	resumePending bool
+	console       *console
+}
+
+// runVMM is the hypervisor process: it parses cloud-hypervisor arguments, boots the VM when they
+// describe one (otherwise it waits for vm.restore), serves the API and runs until the guest powers
+// off, the API shuts it down and a signal arrives, or it crashes.
+func runVMM(name string, args []string) int {
+	logger := log.New(os.Stderr, "cloud-hypervisor(sim): ", log.LstdFlags|log.Lmicroseconds)
+	apiSocket, cfg, err := ParseArgs(args)
+	if err != nil {
+		logger.Printf("invalid arguments: %v", err)
+		return 1
+	}
+	v := &vmm{
+		name:   name,
+		runDir: filepath.Dir(apiSocket),
+		logger: logger,
+		exit:   make(chan int, 1),
+		booted: time.Now(),
+		state:  stateCreated,
+	}
+	if v.spec, err = ReadSpec(v.runDir); err != nil {
+		logger.Printf("guest behaviour: %v", err)
+		return 1
+	}
+	if v.spec.FailBoot {
+		logger.Printf("Error booting VM: simulated boot failure (%s: fail_boot)", SpecFile)
+		return 1
+	}
+	if cfg != nil {
+		if err := v.boot(cfg); err != nil {
+			logger.Printf("Error booting VM: %v", err)
+			return 1
+		}
+	}
+
+	if err := os.Remove(apiSocket); err != nil && !errors.Is(err, os.ErrNotExist) {
+		logger.Printf("remove stale api socket: %v", err)
+		return 1
+	}
+	ln, err := net.Listen("unix", apiSocket)
+	if err != nil {
+		logger.Printf("listen %s: %v", apiSocket, err)
+		return 1
+	}
+	go func() { _ = http.Serve(ln, v.routes()) }() //nolint:gosec // unix socket, local only
+	logger.Printf("API server listening on %s (pid %d)", apiSocket, os.Getpid())
+
+	signals := make(chan os.Signal, 1)
+	signal.Notify(signals, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	select {
+	case sig := <-signals:
+		logger.Printf("received %v, exiting", sig)
+		return 0
+	case code := <-v.exit:
+		return code
+	}
+}
+
+// boot brings up a VM from its configuration: console first (vm.info must report it as soon as
+// the API answers), then the banner and the behaviours.
+func (v *vmm) boot(cfg *VMConfig) error {
+	if err := v.attachConsole(cfg); err != nil {
+		return err
+	}
+	v.mu.Lock()
+	v.cfg = cfg
+	v.state = stateRunning
+	v.mu.Unlock()
+	v.printBanner(cfg)
+	v.startBehaviours()
+	return nil
+}
+
+// attachConsole opens the device the configuration asks for: the virtio-console PTY (direct
+// boot) or the serial socket (UEFI). The guest prints to whichever is its console.
+func (v *vmm) attachConsole(cfg *VMConfig) error {
+	switch {
+	case cfg.Console != nil && cfg.Console.Mode == ModePty:
+		p, err := openPTY()
+		if err != nil {
+			return err
+		}
+		cfg.Console.File = p.path
+		v.console = newConsole(p)
+	case cfg.Serial != nil && cfg.Serial.Mode == ModeSocket:
+		s, err := listenSerial(cfg.Serial.Socket)
+		if err != nil {
+			return err
+		}
+		v.console = newConsole(s)
+	default:
+		v.console = newConsole(nil)
+	}
+	return nil
+}
+
+func (v *vmm) printBanner(cfg *VMConfig) {
+	c := v.console
+	c.Printf("[    0.000000] Linux version 6.1.0-cocoon-sim (cocoon-sim@localhost) #1 SMP PREEMPT_DYNAMIC")
+	if cfg.Payload != nil && cfg.Payload.Cmdline != "" {
+		c.Printf("[    0.000000] Command line: %s", cfg.Payload.Cmdline)
+	}
+	c.Printf("[    0.004000] Memory: %dK/%dK available", cfg.Memory.Size>>10, cfg.Memory.Size>>10)
+	c.Printf("[    0.012000] smp: Brought up 1 node, %d CPUs", max(cfg.CPUs.BootVCPUs, 1))
+	for i, d := range cfg.Disks {
+		c.Printf("[    0.120000] virtio_blk virtio%d: [vd%c] %s", i+1, 'a'+rune(i%26), filepath.Base(d.Path))
+	}
+	c.Printf("[    0.500000] Run /sbin/init as init process")
+	v.printReady()
+}
+
+func (v *vmm) printReady() {
+	v.console.Printf("cocoon-sim guest %s ready", v.name)
+}
+
+// uptime is the kernel-style timestamp of a console line.
+func (v *vmm) uptime() string {
+	return fmt.Sprintf("[%12.6f]", time.Since(v.booted).Seconds())
+}
+
+// powerOff is a clean guest shutdown: the last console lines, then the hypervisor exits 0.
+func (v *vmm) powerOff(reason string) {
+	v.console.Printf("%s reboot: Power down", v.uptime())
+	v.console.Flush(flushOnExit)
+	v.logger.Printf("guest powered off (%s)", reason)
+	v.requestExit(0)
+}
+
+// crash kills the hypervisor without any cleanup, like a fatal fault would.
+func (v *vmm) crash(reason string) {
+	v.logger.Printf("fatal: %s", reason)
+	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+}
+
+func (v *vmm) requestExit(code int) {
+	select {
+	case v.exit <- code:
+	default:
+	}
+}
+
+// startBehaviours arms the image's timed behaviours once the guest runs.
+func (v *vmm) startBehaviours() {
+	if d := time.Duration(v.spec.PoweroffAfter); d > 0 {
+		time.AfterFunc(d, func() { v.powerOff(fmt.Sprintf("poweroff_after %s", d)) })
+	}
+	if d := time.Duration(v.spec.CrashAfter); d > 0 {
+		time.AfterFunc(d, func() { v.crash(fmt.Sprintf("crash_after %s", d)) })
+	}
+}
+
+// watchMemoryFiles stands in for UFFD on-demand restore: guest memory keeps being paged in from
+// the snapshot's memory files, so when one vanishes the next page fault kills the hypervisor.
+func (v *vmm) watchMemoryFiles(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	var files []string
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), "memory-range") {
+			files = append(files, filepath.Join(dir, e.Name()))
+		}
+	}
+	go func() {
+		for range time.Tick(100 * time.Millisecond) {
+			for _, f := range files {
+				if _, err := os.Stat(f); err != nil {
+					v.crash(fmt.Sprintf("UFFD: cannot serve page fault from %s: %v", f, err))
+				}
+			}
+		}
+	}()
+	return nil
+}

@@ -1,0 +1,272 @@
+package cocoonsim_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/test/cocoonsim"
+	"github.com/cocoonstack/cocoon-cri/test/testimage"
+)
+
+// simBinary is the simulator built once for the whole test run.
+var simBinary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "cocoonsim-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	simBinary = filepath.Join(dir, "cocoon-sim")
+	args := []string{"build", "-o", simBinary}
+	if raceEnabled {
+		args = append(args, "-race")
+		// A race-enabled binary sleeps a second at exit by default; every CLI call would pay it.
+		_ = os.Setenv("GORACE", "atexit_sleep_ms=0")
+	}
+	build := exec.Command("go", append(args, "./cmd/cocoon-sim")...)
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build simulator:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// patience bounds every wait in these tests; generous so a loaded machine does not fail them.
+const patience = 20 * time.Second
+
+// sim is one isolated cocoon installation: its own root, run, log and CNI config dirs.
+type sim struct {
+	t                  *testing.T
+	root, run, log, ci string
+}
+
+// newSim makes short temp dirs (unix socket paths must stay under 108 bytes) and registers
+// cleanup that first kills every guest the test started, then removes the dirs.
+func newSim(t *testing.T) *sim {
+	t.Helper()
+	base, err := os.MkdirTemp("", "cs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &sim{t: t, root: filepath.Join(base, "root"), run: filepath.Join(base, "run"), log: filepath.Join(base, "log"), ci: filepath.Join(base, "cni")}
+	t.Cleanup(func() {
+		if err := cocoonsim.KillGuests(s.run); err != nil {
+			t.Errorf("kill guests: %v", err)
+		}
+		_ = os.RemoveAll(base)
+	})
+	return s
+}
+
+// in is the same installation driven from another (sub)test.
+func (s *sim) in(t *testing.T) *sim {
+	c := *s
+	c.t = t
+	return &c
+}
+
+// result is one finished CLI invocation.
+type result struct {
+	stdout, stderr string
+	code           int
+}
+
+// cocoon runs the simulator with this installation's global flags.
+func (s *sim) cocoon(args ...string) result {
+	s.t.Helper()
+	return s.cocoonIn(nil, nil, args...)
+}
+
+// cocoonIn runs the simulator with extra environment and stdin.
+func (s *sim) cocoonIn(env []string, stdin io.Reader, args ...string) result {
+	s.t.Helper()
+	return runSim(s.t, env, stdin, append(s.globalFlags(), args...)...)
+}
+
+// runSim runs the simulator binary with exactly args.
+func runSim(t *testing.T, env []string, stdin io.Reader, args ...string) result {
+	t.Helper()
+	return runSimCmd(t, "", env, stdin, args)
+}
+
+// runSimIn runs the simulator in working directory dir.
+func runSimIn(t *testing.T, dir string, args ...string) result {
+	t.Helper()
+	return runSimCmd(t, dir, nil, nil, args)
+}
+
+func runSimCmd(t *testing.T, dir string, env []string, stdin io.Reader, args []string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, simBinary, args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdin = stdin
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	code := 0
+	if exitErr, ok := err.(*exec.ExitError); ok {
+		code = exitErr.ExitCode()
+	} else if err != nil {
+		t.Fatalf("run %v: %v", args, err)
+	}
+	return result{stdout: stdout.String(), stderr: stderr.String(), code: code}
+}
+
+func (s *sim) globalFlags() []string {
+	return []string{"--root-dir", s.root, "--run-dir", s.run, "--log-dir", s.log, "--cni-conf-dir", s.ci}
+}
+
+// ok runs a command that must succeed and returns its stdout.
+func (s *sim) ok(args ...string) string {
+	s.t.Helper()
+	r := s.cocoon(args...)
+	if r.code != 0 {
+		s.t.Fatalf("cocoon %v: exit %d\nstdout: %s\nstderr: %s", args, r.code, r.stdout, stripANSI(r.stderr))
+	}
+	return r.stdout
+}
+
+// fails runs a command that must exit 1 with exactly wantErr as its "Error: " line.
+func (s *sim) fails(wantErr string, args ...string) result {
+	s.t.Helper()
+	r := s.cocoon(args...)
+	if r.code != 1 {
+		s.t.Fatalf("cocoon %v: exit %d, want 1\nstdout: %s\nstderr: %s", args, r.code, r.stdout, stripANSI(r.stderr))
+	}
+	if got := r.errorLine(); got != "Error: "+wantErr {
+		s.t.Fatalf("cocoon %v:\n got: %s\nwant: Error: %s", args, got, wantErr)
+	}
+	return r
+}
+
+var ansiRE = regexp.MustCompile(`\x1b\[[0-9;]*m`)
+
+func stripANSI(s string) string { return ansiRE.ReplaceAllString(s, "") }
+
+// errorLine is the single "Error: ..." line cobra prints on stderr.
+func (r result) errorLine() string {
+	for line := range strings.Lines(stripANSI(r.stderr)) {
+		if strings.HasPrefix(line, "Error: ") {
+			return strings.TrimRight(line, "\n")
+		}
+	}
+	return ""
+}
+
+func decode[T any](t *testing.T, data string) T {
+	t.Helper()
+	var v T
+	if err := json.Unmarshal([]byte(data), &v); err != nil {
+		t.Fatalf("decode %T from %q: %v", v, data, err)
+	}
+	return v
+}
+
+func (s *sim) inspect(ref string) cocoon.VM {
+	s.t.Helper()
+	return decode[cocoon.VM](s.t, s.ok("vm", "inspect", ref))
+}
+
+// importSnapshot writes a testimage archive for this installation, installs its base files and
+// imports it; it returns the options used.
+func (s *sim) importSnapshot(opts testimage.SnapshotOptions) testimage.SnapshotOptions {
+	s.t.Helper()
+	opts.RootDir = s.root
+	if err := testimage.InstallBaseFiles(opts); err != nil {
+		s.t.Fatal(err)
+	}
+	var archive bytes.Buffer
+	if err := testimage.WriteSnapshotArchive(&archive, opts); err != nil {
+		s.t.Fatal(err)
+	}
+	r := s.cocoonIn(nil, &archive, "snapshot", "import")
+	if r.code != 0 {
+		s.t.Fatalf("snapshot import: %s", stripANSI(r.stderr))
+	}
+	return opts
+}
+
+// clone clones snapshot into a running VM called name and returns its inspect record.
+func (s *sim) clone(snapshot, name string, extra ...string) cocoon.VM {
+	s.t.Helper()
+	s.ok(append([]string{"vm", "clone", "--name", name, "-o", "json"}, append(extra, snapshot)...)...)
+	return s.inspect(name)
+}
+
+// eventually polls cond until it holds or patience runs out.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(patience)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func processAlive(pid int) bool {
+	return pid > 0 && syscall.Kill(pid, 0) == nil
+}
+
+// vmInfo asks the guest's API socket for vm.info.
+func vmInfo(t *testing.T, socket string) map[string]any {
+	t.Helper()
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socket)
+		},
+	}}
+	resp, err := hc.Get("http://localhost/api/v1/vm.info")
+	if err != nil {
+		t.Fatalf("vm.info: %v", err)
+	}
+	defer resp.Body.Close() //nolint:errcheck
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("vm.info: %d %s", resp.StatusCode, body)
+	}
+	return decode[map[string]any](t, string(body))
+}
+
+// readUntil reads r until want appears or patience runs out and returns what it read.
+func readUntil(t *testing.T, r interface {
+	io.Reader
+	SetReadDeadline(time.Time) error
+}, want string) string {
+	t.Helper()
+	deadline := time.Now().Add(patience)
+	var got []byte
+	buf := make([]byte, 4096)
+	for !bytes.Contains(got, []byte(want)) {
+		if time.Now().After(deadline) {
+			t.Fatalf("console never showed %q; got %q", want, got)
+		}
+		_ = r.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+		n, _ := r.Read(buf)
+		got = append(got, buf[:n]...)
+	}
+	return string(got)
+}

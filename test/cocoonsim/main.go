@@ -1,0 +1,45 @@
+// Package cocoonsim is a stand-in for the cocoon v0.3.8 CLI (github.com/cocoonstack/cocoon) for
+// machines where cocoon and its hypervisors cannot run. It honours cocoon's command-line contract
+// where cocoon-cri depends on it: the same commands and flags, JSON shapes, error strings, exit
+// codes, on-disk layout, locking and quirks. Started VMs are real processes (package guest) that
+// serve a Cloud-Hypervisor-like API and console.
+package cocoonsim
+
+import (
+	"context"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
+)
+
+// Main runs one cocoon command line (args without the program name) and returns the process
+// exit code: 0 on success, 1 on any error, as cocoon. When the process was started as a simulated
+// hypervisor it runs that instead and never returns to the CLI.
+func Main(args []string) int {
+	if handled, code := guest.Main(); handled {
+		return code
+	}
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer cancel()
+	a := &app{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr}
+	root := a.rootCommand()
+	root.SetArgs(args)
+	if err := root.ExecuteContext(ctx); err != nil {
+		return 1
+	}
+	return 0
+}
+
+// app is one CLI invocation: its streams, and the config and logger set up before every command.
+type app struct {
+	stdin  io.Reader
+	stdout io.Writer
+	stderr io.Writer
+
+	cfgFile string
+	conf    *Config
+	log     *logger
+}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package cocoonsim_test
+
+const raceEnabled = false

@@ -1,0 +1,394 @@
+package cocoonsim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
+)
+
+// vmClone creates a VM from a local snapshot and leaves it running. -o json prints the new VM with
+// state "running" and pid 0 (use vm inspect for the PID); without it, post-clone guest hints go to
+// stdout.
+func (a *app) vmClone(cmd *cobra.Command, args []string) error {
+	ctx := cmd.Context()
+	logger := a.log.with("cmd.vm.clone")
+	snapRef := args[0]
+	store, err := newSnapshotStore(a.conf)
+	if err != nil {
+		return err
+	}
+	info, err := store.inspect(ctx, snapRef)
+	if err != nil {
+		return fmt.Errorf("inspect snapshot %s: %w", snapRef, err)
+	}
+	kind := kindCH
+	if info.Hypervisor == cocoon.HypervisorFirecracker {
+		kind = kindFC
+	}
+	b, err := newBackend(a.conf, a.log, kind)
+	if err != nil {
+		return fmt.Errorf("init hypervisor: %w", err)
+	}
+	dataDir, snap, err := store.dataDir(ctx, snapRef)
+	if err != nil {
+		return fmt.Errorf("open snapshot %s: %w", snapRef, err)
+	}
+	spec, vmID, nets, err := a.prepareClone(cmd, snap, kind)
+	if err != nil {
+		return err
+	}
+	jsonOut := wantJSON(cmd)
+	if !jsonOut {
+		logger.Infof("cloning VM from snapshot %s (direct) ...", snapRef)
+	}
+	vm, err := b.directClone(ctx, vmID, spec, nets, snap, dataDir)
+	if err != nil {
+		return fmt.Errorf("clone VM: %w", err)
+	}
+	if jsonOut {
+		return outputJSON(cmd.OutOrStdout(), vm)
+	}
+	logger.Infof("VM cloned: %s (name: %s)", vm.ID, vm.Config.Name)
+	printPostCloneHints(cmd.OutOrStdout(), vm, nets)
+	return nil
+}
+
+// prepareClone builds the clone's configuration and network (cocoon's prepareClone).
+func (a *app) prepareClone(cmd *cobra.Command, snap *cocoon.SnapshotConfig, kind backendKind) (*vmSpec, string, []*cocoon.NetworkConfig, error) {
+	spec, err := cloneSpecFromFlags(cmd, snap)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	vmID := generateID()
+	if spec.Name == "" {
+		spec.Name = "cocoon-clone-" + vmID[:8]
+	}
+	if pull, _ := cmd.Flags().GetBool("pull"); pull && spec.Image != "" && spec.ImageType != "" {
+		if err := a.ensureImage(cmd.Context(), spec); err != nil {
+			return nil, "", nil, err
+		}
+	}
+	if kind == kindFC {
+		if err := validateFCCloneOverrides(cmd, snap); err != nil {
+			return nil, "", nil, err
+		}
+	}
+	nics, _ := cmd.Flags().GetInt("nics")
+	if nics == 0 {
+		nics = snap.NICs
+	}
+	if nics < snap.NICs {
+		return nil, "", nil, fmt.Errorf("--nics %d below snapshot minimum %d", nics, snap.NICs)
+	}
+	bridgeDev, _ := cmd.Flags().GetString("bridge")
+	nets, err := a.initNetwork(cmd.Context(), vmID, nics, spec, bridgeDev)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	return spec, vmID, nets, nil
+}
+
+var errPullNotSimulated = errors.New(`cocoon-sim: "image pull" is not simulated`)
+
+// ensureImage is clone --pull: a missing base image would be pulled by digest. The simulator
+// cannot pull, so like cocoon after a failed pull it warns and lets the clone go on (the base
+// file check decides).
+func (a *app) ensureImage(ctx context.Context, spec *vmSpec) error {
+	oci, cloudimg, err := a.imageBackends()
+	if err != nil {
+		return fmt.Errorf("init image backends: %w", err)
+	}
+	ref := spec.ImageDigest
+	if ref == "" {
+		ref = spec.Image
+	}
+	logger := a.log.with("core.EnsureImage")
+	for _, b := range []imageBackend{oci, cloudimg} {
+		if b.typ() != spec.ImageType {
+			continue
+		}
+		if img, err := b.inspect(ctx, ref); err == nil && img != nil {
+			return nil
+		}
+		logger.Infof("base image not found locally, pulling %s ...", spec.Image)
+		logger.Warnf("auto-pull %s failed (imported image?): %v — clone may fail if base layers are missing", spec.Image, errPullNotSimulated)
+	}
+	return nil
+}
+
+// directClone reserves the record, copies the snapshot files into the new run dir and starts the
+// VM from them. Any failure leaves no record behind.
+func (b *backend) directClone(ctx context.Context, vmID string, spec *vmSpec, nets []*cocoon.NetworkConfig, snap *cocoon.SnapshotConfig, srcDir string) (_ *cocoon.VM, err error) {
+	if b.kind == kindFC {
+		return nil, errFirecrackerNotSimulated
+	}
+	if err := validateHostCPU(spec.CPU); err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	runDir, logDir := b.vmRunDir(vmID), b.vmLogDir(vmID)
+	if err := b.reserveVM(ctx, vmID, spec.VMConfig, snap.ImageBlobIDs, runDir, logDir); err != nil {
+		return nil, fmt.Errorf("reserve VM record: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = os.RemoveAll(runDir)
+			_ = os.RemoveAll(logDir)
+			b.rollbackCreate(ctx, vmID, spec.Name)
+		}
+	}()
+	if err = ensureDirs(runDir, logDir); err != nil {
+		return nil, fmt.Errorf("ensure dirs: %w", err)
+	}
+	if err = cloneSnapshotFiles(runDir, srcDir, spec.OnDemand); err != nil {
+		return nil, fmt.Errorf("clone snapshot files: %w", err)
+	}
+	return b.cloneAfterExtract(ctx, vmID, spec, nets, runDir, logDir, now)
+}
+
+// cloneSnapshotFiles copies a snapshot into a run dir: memory files are hard-linked (the
+// hypervisor maps them privately), writable disks are reflinked or sparse-copied, the rest is
+// copied. For --on-demand the memory files are symlinked instead, so the clone keeps depending on
+// the snapshot itself: deleting the snapshot pulls the memory out from under the UFFD-backed guest.
+func cloneSnapshotFiles(dstDir, srcDir string, onDemand bool) error {
+	chCfg, _, err := parseCHConfig(filepath.Join(srcDir, "config.json"))
+	if err != nil {
+		return fmt.Errorf("parse source config: %w", err)
+	}
+	cowFiles := map[string]bool{}
+	for _, d := range chCfg.Disks {
+		if !d.ReadOnly {
+			cowFiles[filepath.Base(d.Path)] = true
+		}
+	}
+	entries, err := os.ReadDir(srcDir)
+	if err != nil {
+		return fmt.Errorf("read srcDir: %w", err)
+	}
+	for _, e := range entries {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		name := e.Name()
+		src, dst := filepath.Join(srcDir, name), filepath.Join(dstDir, name)
+		switch {
+		case strings.HasPrefix(name, "memory-range"):
+			err = linkMemoryFile(dst, src, onDemand)
+		case cowFiles[name]:
+			err = reflinkCopy(dst, src)
+		default:
+			err = copyFile(dst, src)
+		}
+		if err != nil {
+			return fmt.Errorf("copy %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+func linkMemoryFile(dst, src string, onDemand bool) error {
+	if !onDemand {
+		err := os.Link(src, dst)
+		if !errors.Is(err, syscall.EXDEV) {
+			return err
+		}
+	}
+	return os.Symlink(src, dst)
+}
+
+// cloneAfterExtract validates the copied snapshot, rewrites its disk paths for the new VM,
+// launches an empty hypervisor and restores + resumes the snapshot in it (cocoon's CH
+// cloneAfterExtract).
+func (b *backend) cloneAfterExtract(ctx context.Context, vmID string, spec *vmSpec, nets []*cocoon.NetworkConfig, runDir, logDir string, now time.Time) (*cocoon.VM, error) {
+	configPath := filepath.Join(runDir, "config.json")
+	chCfg, raw, err := parseCHConfig(configPath)
+	if err != nil {
+		return nil, fmt.Errorf("parse CH config: %w", err)
+	}
+	meta, err := loadSnapshotMeta(runDir)
+	if err != nil {
+		return nil, fmt.Errorf("load snapshot meta: %w", err)
+	}
+	if err := validateSnapshotIntegrity(runDir, meta.StorageConfigs, chCfg); err != nil {
+		return nil, fmt.Errorf("snapshot integrity: %w", err)
+	}
+	storage := meta.StorageConfigs
+	boot := bootFromPayload(chCfg.Payload)
+	direct := boot.directBoot()
+	cowPath := filepath.Join(runDir, map[bool]string{true: cowRawFile, false: overlayFile}[direct])
+	if !slices.ContainsFunc(storage, func(sc *cocoon.StorageConfig) bool { return sc.Role == cocoon.StorageRoleCOW }) {
+		return nil, fmt.Errorf("update COW path: no COW disk found in storage configs")
+	}
+	hadCidata := false
+	for _, sc := range storage {
+		switch {
+		case sc.Role == cocoon.StorageRoleCOW:
+			sc.Path = cowPath
+		case sc.Role == cocoon.StorageRoleData:
+			sc.Path = filepath.Join(runDir, dataDiskFileName(sc.Serial))
+		case sc.Role == cocoon.StorageRoleCidata && !direct:
+			sc.Path, hadCidata = filepath.Join(runDir, cidataFile), true
+		}
+	}
+	if err := verifyBaseFiles(storage, boot); err != nil {
+		return nil, fmt.Errorf("verify base files: %w", err)
+	}
+	if spec.Storage > 0 {
+		if err := expandImage(ctx, cowPath, spec.Storage, direct); err != nil {
+			return nil, fmt.Errorf("resize COW: %w", err)
+		}
+	}
+	replacements := diskPathReplacements(chCfg, storage)
+	if storage, err = b.ensureCloneCidata(vmID, runDir, spec, nets, storage, direct); err != nil {
+		return nil, err
+	}
+	if err := validateStorageConfigs(storage); err != nil {
+		return nil, fmt.Errorf("validate post-cidata storage: %w", err)
+	}
+	patchStorage := storage
+	if !direct && !spec.Windows && !hadCidata {
+		patchStorage = slices.DeleteFunc(slices.Clone(storage), func(sc *cocoon.StorageConfig) bool { return sc.Role == cocoon.StorageRoleCidata })
+	}
+	if err := patchCHConfig(configPath, raw, chCfg, patchStorage, spec, direct, consoleSockPath(runDir)); err != nil {
+		return nil, fmt.Errorf("patch CH config: %w", err)
+	}
+	if err := patchStateJSON(filepath.Join(runDir, "state.json"), replacements); err != nil {
+		return nil, fmt.Errorf("patch state.json: %w", err)
+	}
+	if direct {
+		dns, err := b.conf.dnsServers()
+		if err != nil {
+			return nil, fmt.Errorf("parse DNS servers: %w", err)
+		}
+		boot.Cmdline = buildCmdline(storage, nets, spec.Name, dns)
+	}
+
+	sock := apiSocketPath(runDir)
+	args := []string{"--api-socket", sock}
+	b.saveCmdline(runDir, args)
+	rec := &vmRecord{VM: cocoon.VM{Config: spec.VMConfig, NetworkConfigs: nets}, RunDir: runDir, LogDir: logDir}
+	pid, err := b.launch(ctx, rec, args)
+	if err != nil {
+		b.markError(ctx, vmID)
+		return nil, fmt.Errorf("launch CH: %w", err)
+	}
+	if err := restoreAndResume(ctx, newCHClient(sock), runDir, chCfg, storage, spec, direct, hadCidata); err != nil {
+		b.abortLaunch(ctx, pid, runDir)
+		return nil, err
+	}
+	vm := &cocoon.VM{
+		ID: vmID, Hypervisor: b.kind.typ, State: cocoon.VMStateRunning,
+		Config: spec.VMConfig, StorageConfigs: storage, NetworkConfigs: nets,
+		CreatedAt: now, UpdatedAt: now, StartedAt: &now,
+	}
+	if err := b.finalizeClone(ctx, vmID, vm, boot); err != nil {
+		b.abortLaunch(ctx, pid, runDir)
+		return nil, fmt.Errorf("finalize VM record: %w", err)
+	}
+	b.log.with("cloudhypervisor.Clone").Infof("VM %s cloned from snapshot", vmID)
+	return vm, nil
+}
+
+// restoreAndResume loads the snapshot in runDir into the fresh hypervisor, hot-plugs a cidata
+// disk the snapshot lacked, and lets the guest run.
+func restoreAndResume(ctx context.Context, hc *chClient, runDir string, chCfg *guest.VMConfig, storage []*cocoon.StorageConfig, spec *vmSpec, direct, hadCidata bool) error {
+	if err := hc.restore(ctx, runDir, spec.OnDemand); err != nil {
+		return fmt.Errorf("vm.restore: %w", err)
+	}
+	for _, old := range chCfg.Nets {
+		if old.ID != "" {
+			return fmt.Errorf("hot-swap NICs: cocoon-sim: replacing snapshot NIC %s is not simulated", old.ID)
+		}
+	}
+	if !direct && !spec.Windows && !hadCidata {
+		cidata := storageConfigToDisk(storage[len(storage)-1], spec.CPU, spec.DiskQueueSize, spec.NoDirectIO)
+		if err := hc.addDisk(ctx, cidata); err != nil {
+			return fmt.Errorf("vm.add-disk (cidata): %w", err)
+		}
+	}
+	if err := hc.resume(ctx); err != nil {
+		return fmt.Errorf("vm.resume: %w", err)
+	}
+	return nil
+}
+
+// ensureCloneCidata regenerates the cloud-init seed for a cloud image clone's new identity.
+func (b *backend) ensureCloneCidata(vmID, runDir string, spec *vmSpec, nets []*cocoon.NetworkConfig, storage []*cocoon.StorageConfig, direct bool) ([]*cocoon.StorageConfig, error) {
+	if direct || spec.Windows {
+		return storage, nil
+	}
+	dns, err := b.conf.dnsServers()
+	if err != nil {
+		return nil, fmt.Errorf("generate cidata: parse DNS servers: %w", err)
+	}
+	cidata := filepath.Join(runDir, cidataFile)
+	if err := writeCidata(cidata, vmID, spec, dns, nets); err != nil {
+		return nil, fmt.Errorf("generate cidata: %w", err)
+	}
+	if !slices.ContainsFunc(storage, func(sc *cocoon.StorageConfig) bool { return sc.Role == cocoon.StorageRoleCidata }) {
+		storage = append(storage, &cocoon.StorageConfig{Path: cidata, RO: true, Role: cocoon.StorageRoleCidata})
+	}
+	return storage, nil
+}
+
+func bootFromPayload(p *guest.Payload) *bootConfig {
+	if p == nil || (p.Kernel == "" && p.Firmware == "") {
+		return nil
+	}
+	return &bootConfig{KernelPath: p.Kernel, InitrdPath: p.Initramfs, Cmdline: p.Cmdline, FirmwarePath: p.Firmware}
+}
+
+// validateSnapshotIntegrity is cocoon's CH clone preflight: valid sidecar, snapshot-resident
+// disks present, sidecar and config.json agree disk by disk, state.json and memory present.
+func validateSnapshotIntegrity(dir string, sidecar []*cocoon.StorageConfig, chCfg *guest.VMConfig) error {
+	if err := validateStorageConfigs(sidecar); err != nil {
+		return fmt.Errorf("sidecar invalid: %w", err)
+	}
+	for _, sc := range sidecar {
+		var name string
+		switch sc.Role {
+		case cocoon.StorageRoleData:
+			name = dataDiskFileName(sc.Serial)
+		case cocoon.StorageRoleCOW, cocoon.StorageRoleCidata:
+			name = filepath.Base(sc.Path)
+		default:
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+			return fmt.Errorf("snapshot file %s missing: %w", name, err)
+		}
+	}
+	if len(sidecar) != len(chCfg.Disks) {
+		return fmt.Errorf("sidecar/config.json mismatch: %d vs %d disks", len(sidecar), len(chCfg.Disks))
+	}
+	for i, sc := range sidecar {
+		if sc.Path != chCfg.Disks[i].Path {
+			return fmt.Errorf("sidecar/config.json disk[%d] path mismatch: %q vs %q", i, sc.Path, chCfg.Disks[i].Path)
+		}
+		if sc.RO != chCfg.Disks[i].ReadOnly {
+			return fmt.Errorf("sidecar/config.json disk[%d] readonly mismatch: sidecar=%v config=%v", i, sc.RO, chCfg.Disks[i].ReadOnly)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "state.json")); err != nil {
+		return fmt.Errorf("state.json missing: %w", err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("read snapshot dir: %w", err)
+	}
+	if !slices.ContainsFunc(entries, func(e os.DirEntry) bool { return strings.HasPrefix(e.Name(), "memory-range") }) {
+		return fmt.Errorf("no memory-range-* file in snapshot")
+	}
+	return nil
+}

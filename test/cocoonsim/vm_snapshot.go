@@ -1,0 +1,159 @@
+package cocoonsim
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
+)
+
+// snapshotMetaFile is the disk sidecar of a CH snapshot: what config.json cannot say about each
+// disk (role, mount point, ...), in config.json's disk order.
+const snapshotMetaFile = "cocoon.json"
+
+type snapshotMeta struct {
+	StorageConfigs []*cocoon.StorageConfig `json:"storage_configs"`
+	BootConfig     *bootConfig             `json:"boot_config,omitempty"`
+}
+
+// snapshot captures a running VM into a temporary directory inside its run dir: pause, CH
+// vm.snapshot, copy the COW and data disks, resume; then the sidecar and the guest behaviour
+// file. It returns the snapshot config (with a new ID recorded on the VM) and that directory.
+func (b *backend) snapshot(ctx context.Context, ref string) (*cocoon.SnapshotConfig, string, error) {
+	if b.kind == kindFC {
+		return nil, "", errFirecrackerNotSimulated
+	}
+	vmID, err := b.resolveRef(ctx, ref)
+	if err != nil {
+		return nil, "", err
+	}
+	rec, err := b.loadRecord(ctx, vmID)
+	if err != nil {
+		return nil, "", err
+	}
+	if err := validateStorageConfigs(rec.StorageConfigs); err != nil {
+		return nil, "", fmt.Errorf("storage invariants violated: %w", err)
+	}
+	direct := rec.BootConfig.directBoot()
+	cowName := map[bool]string{true: cowRawFile, false: overlayFile}[direct]
+	tmpDir, err := os.MkdirTemp(rec.RunDir, "snapshot-")
+	if err != nil {
+		return nil, "", fmt.Errorf("create temp dir: %w", err)
+	}
+	fail := func(err error) (*cocoon.SnapshotConfig, string, error) {
+		_ = os.RemoveAll(tmpDir)
+		return nil, "", err
+	}
+	hc := newCHClient(apiSocketPath(rec.RunDir))
+	if err := b.withRunningVM(ctx, &rec, func(int) error {
+		if err := hc.pause(ctx); err != nil {
+			return fmt.Errorf("pause: %w", err)
+		}
+		captureErr := captureDisks(ctx, hc, tmpDir, filepath.Join(rec.RunDir, cowName), cowName, rec.StorageConfigs)
+		if resumeErr := hc.resume(context.WithoutCancel(ctx)); resumeErr != nil && captureErr == nil {
+			return fmt.Errorf("snapshot data captured but resume failed: %w", resumeErr)
+		}
+		return captureErr
+	}); err != nil {
+		return fail(fmt.Errorf("snapshot VM %s: %w", vmID, err))
+	}
+	if !direct && !rec.Config.Windows {
+		if src := filepath.Join(rec.RunDir, cidataFile); validFile(src) {
+			if err := reflinkCopy(filepath.Join(tmpDir, cidataFile), src); err != nil {
+				return fail(fmt.Errorf("copy cidata: %w", err))
+			}
+		}
+	}
+	if src := filepath.Join(rec.RunDir, guest.SpecFile); validFile(src) {
+		if err := copyFile(filepath.Join(tmpDir, guest.SpecFile), src); err != nil {
+			return fail(fmt.Errorf("copy guest behaviour: %w", err))
+		}
+	}
+	if err := writeSnapshotMeta(tmpDir, &rec); err != nil {
+		return fail(fmt.Errorf("write snapshot metadata: %w", err))
+	}
+	snapID, err := b.recordSnapshot(ctx, vmID)
+	if err != nil {
+		return fail(err)
+	}
+	return &cocoon.SnapshotConfig{
+		Config: rec.Config.Config, ID: snapID, Hypervisor: b.kind.typ,
+		NICs: len(rec.NetworkConfigs), ImageBlobIDs: maps.Clone(rec.ImageBlobIDs),
+	}, tmpDir, nil
+}
+
+// captureDisks runs inside the pause window: the hypervisor's own snapshot, then the writable
+// disks.
+func captureDisks(ctx context.Context, hc *chClient, tmpDir, cowPath, cowName string, storage []*cocoon.StorageConfig) error {
+	if err := hc.snapshot(ctx, tmpDir); err != nil {
+		return fmt.Errorf("snapshot: %w", err)
+	}
+	if err := reflinkCopy(filepath.Join(tmpDir, cowName), cowPath); err != nil {
+		return fmt.Errorf("copy COW: %w", err)
+	}
+	for _, sc := range storage {
+		if sc.Role != cocoon.StorageRoleData {
+			continue
+		}
+		if err := reflinkCopy(filepath.Join(tmpDir, dataDiskFileName(sc.Serial)), sc.Path); err != nil {
+			return fmt.Errorf("copy data disk %s: %w", sc.Serial, err)
+		}
+	}
+	return nil
+}
+
+// writeSnapshotMeta writes cocoon.json by walking the disks of the snapshot's config.json.
+func writeSnapshotMeta(dir string, rec *vmRecord) error {
+	chCfg, _, err := parseCHConfig(filepath.Join(dir, "config.json"))
+	if err != nil {
+		return fmt.Errorf("parse snapshot config: %w", err)
+	}
+	byPath := map[string]*cocoon.StorageConfig{}
+	for _, sc := range rec.StorageConfigs {
+		byPath[sc.Path] = sc
+	}
+	meta := snapshotMeta{BootConfig: rec.BootConfig}
+	for _, d := range chCfg.Disks {
+		sc, ok := byPath[d.Path]
+		if !ok {
+			return fmt.Errorf("snapshot config has disk %q not present in VM record", d.Path)
+		}
+		copied := *sc
+		meta.StorageConfigs = append(meta.StorageConfigs, &copied)
+	}
+	data, err := json.Marshal(meta)
+	if err != nil {
+		return fmt.Errorf("marshal snapshot meta: %w", err)
+	}
+	return os.WriteFile(filepath.Join(dir, snapshotMetaFile), data, 0o600)
+}
+
+func loadSnapshotMeta(dir string) (*snapshotMeta, error) {
+	data, err := os.ReadFile(filepath.Join(dir, snapshotMetaFile)) //nolint:gosec // snapshot copy
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", snapshotMetaFile, err)
+	}
+	var meta snapshotMeta
+	if err := json.Unmarshal(data, &meta); err != nil {
+		return nil, fmt.Errorf("decode %s: %w", snapshotMetaFile, err)
+	}
+	return &meta, nil
+}
+
+// parseCHConfig reads a CH config.json both typed and raw (patching keeps unknown keys).
+func parseCHConfig(path string) (*guest.VMConfig, []byte, error) {
+	data, err := os.ReadFile(path) //nolint:gosec // snapshot copy
+	if err != nil {
+		return nil, nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	var cfg guest.VMConfig
+	if err := json.Unmarshal(data, &cfg); err != nil {
+		return nil, nil, fmt.Errorf("decode %s: %w", path, err)
+	}
+	return &cfg, data, nil
+}

@@ -1,0 +1,172 @@
+package testimage_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
+	"github.com/cocoonstack/cocoon-cri/test/testimage"
+)
+
+type entry struct {
+	hdr  *tar.Header
+	data []byte
+}
+
+func readArchive(t *testing.T, data []byte) []entry {
+	t.Helper()
+	var out []entry
+	tr := tar.NewReader(bytes.NewReader(data))
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			return out
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(tr)
+		out = append(out, entry{hdr, body})
+	}
+}
+
+func names(entries []entry) []string {
+	var n []string
+	for _, e := range entries {
+		n = append(n, e.hdr.Name)
+	}
+	return n
+}
+
+func TestSnapshotArchiveLayouts(t *testing.T) {
+	for _, tc := range []struct {
+		opts testimage.SnapshotOptions
+		want []string
+	}{
+		{testimage.SnapshotOptions{Name: "oci"}, []string{"snapshot.json", "cocoon.json", "config.json", "cow.raw", "memory-range-0", "state.json"}},
+		{testimage.SnapshotOptions{Name: "uefi", ImageType: cocoon.ImageTypeCloudImg, Guest: guest.Spec{IgnorePowerButton: true}},
+			[]string{"snapshot.json", "cidata.img", guest.SpecFile, "cocoon.json", "config.json", "memory-range-0", "overlay.qcow2", "state.json"}},
+		{testimage.SnapshotOptions{Name: "fc", Hypervisor: cocoon.HypervisorFirecracker}, []string{"snapshot.json", "cocoon.json", "cow.raw", "mem", "vmstate"}},
+	} {
+		var buf bytes.Buffer
+		if err := testimage.WriteSnapshotArchive(&buf, tc.opts); err != nil {
+			t.Fatal(err)
+		}
+		entries := readArchive(t, buf.Bytes())
+		if got := strings.Join(names(entries), " "); got != strings.Join(tc.want, " ") {
+			t.Errorf("%s: entries %q, want %q", tc.opts.Name, got, strings.Join(tc.want, " "))
+		}
+		var env cocoon.SnapshotExport
+		if err := json.Unmarshal(entries[0].data, &env); err != nil {
+			t.Fatal(err)
+		}
+		if env.Version != 1 || env.Config.Name != tc.opts.Name || env.Config.CPU != 1 || env.Config.Memory != 512<<20 || env.Config.Storage != 10<<30 {
+			t.Errorf("%s: snapshot.json %+v", tc.opts.Name, env)
+		}
+	}
+}
+
+func TestSnapshotArchiveSparseCOW(t *testing.T) {
+	var buf bytes.Buffer
+	if err := testimage.WriteSnapshotArchive(&buf, testimage.SnapshotOptions{Storage: 12 << 30}); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range readArchive(t, buf.Bytes()) {
+		if e.hdr.Name != "cow.raw" {
+			continue
+		}
+		if e.hdr.PAXRecords["COCOON.sparse.size"] != "12884901888" || e.hdr.PAXRecords["COCOON.sparse.map"] != `[{"o":0,"l":4096}]` || len(e.data) != 4096 {
+			t.Fatalf("cow.raw entry: %+v (%d data bytes)", e.hdr.PAXRecords, len(e.data))
+		}
+		return
+	}
+	t.Fatal("no cow.raw")
+}
+
+func TestInstallBaseFiles(t *testing.T) {
+	root := t.TempDir()
+	for _, opts := range []testimage.SnapshotOptions{{RootDir: root}, {RootDir: root, ImageType: cocoon.ImageTypeCloudImg}} {
+		if err := testimage.InstallBaseFiles(opts); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, pattern := range []string{"oci/blobs/*.erofs", "oci/boot/*/vmlinuz", "oci/boot/*/initrd.img", "cloudimg/blobs/*.qcow2", "firmware/CLOUDHV.fd"} {
+		if m, _ := filepath.Glob(filepath.Join(root, pattern)); len(m) != 1 {
+			t.Errorf("%s: %v", pattern, m)
+		}
+	}
+}
+
+func TestQCOW2Header(t *testing.T) {
+	var buf bytes.Buffer
+	if err := testimage.WriteQCOW2(&buf, 10<<30); err != nil {
+		t.Fatal(err)
+	}
+	b := buf.Bytes()
+	be := binary.BigEndian
+	if string(b[:4]) != "QFI\xfb" || be.Uint32(b[4:]) != 3 || be.Uint64(b[8:]) != 0 || be.Uint64(b[24:]) != 10<<30 || be.Uint32(b[36:]) != 20 {
+		t.Fatalf("header: magic %q version %d backing %d size %d l1 %d", b[:4], be.Uint32(b[4:]), be.Uint64(b[8:]), be.Uint64(b[24:]), be.Uint32(b[36:]))
+	}
+	if len(b)%65536 != 0 {
+		t.Fatalf("image length %d is not whole clusters", len(b))
+	}
+	if err := testimage.WriteQCOW2(io.Discard, 0); err == nil {
+		t.Fatal("a zero-size image must be refused")
+	}
+}
+
+func TestQCOW2AcceptedByQemuImg(t *testing.T) {
+	qemuImg, err := exec.LookPath("qemu-img")
+	if err != nil {
+		t.Skip("qemu-img not installed: only the header test runs")
+	}
+	path := filepath.Join(t.TempDir(), "disk.qcow2")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := testimage.WriteQCOW2(f, 3<<30); err != nil {
+		t.Fatal(err)
+	}
+	_ = f.Close()
+	out, err := exec.Command(qemuImg, "info", "--output=json", path).Output()
+	if err != nil {
+		t.Fatalf("qemu-img info: %v", err)
+	}
+	var info struct {
+		Format      string `json:"format"`
+		VirtualSize int64  `json:"virtual-size"`
+	}
+	if err := json.Unmarshal(out, &info); err != nil || info.Format != "qcow2" || info.VirtualSize != 3<<30 {
+		t.Fatalf("qemu-img info: %s (%v)", out, err)
+	}
+	if out, err := exec.Command(qemuImg, "check", path).CombinedOutput(); err != nil {
+		t.Fatalf("qemu-img check: %v\n%s", err, out)
+	}
+}
+
+func TestOCILayer(t *testing.T) {
+	var buf bytes.Buffer
+	spec := guest.Spec{CrashAfter: guest.Duration(2 * time.Second)}
+	if err := testimage.WriteOCILayer(&buf, testimage.LayerOptions{Guest: spec}); err != nil {
+		t.Fatal(err)
+	}
+	entries := readArchive(t, buf.Bytes())
+	if got := strings.Join(names(entries), " "); got != "boot/ boot/vmlinuz boot/initrd.img "+guest.SpecFile {
+		t.Fatalf("layer entries: %s", got)
+	}
+	parsed, err := guest.ParseSpec(entries[3].data)
+	if err != nil || parsed != spec {
+		t.Fatalf("behaviour file: %+v, %v", parsed, err)
+	}
+}
