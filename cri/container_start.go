@@ -81,7 +81,7 @@ func (s *Server) launchVM(ctx context.Context, c *store.Container) (*cocoon.VM, 
 func (s *Server) makeVM(ctx context.Context, c *store.Container) (*cocoon.VM, error) {
 	spec := c.VM
 	if spec.Mode == store.VMClone {
-		opts := cocoon.CloneOptions{Name: spec.Name, Storage: spec.Storage, NoDirectIO: spec.NoDirectIO, OnDemand: spec.OnDemand}
+		opts := cocoon.CloneOptions{Name: spec.Name, Storage: spec.Storage, NoDirectIO: spec.NoDirectIO, OnDemand: spec.OnDemand, Pull: spec.PullBase}
 		if spec.Backend != cocoon.HypervisorFirecracker {
 			// Firecracker cannot resize a restored VM and refuses the flags; the plan kept its size.
 			opts.CPU, opts.Memory = spec.CPU, spec.Memory

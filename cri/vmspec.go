@@ -39,6 +39,7 @@ func (s *Server) planVM(id string, cfg *runtimeapi.ContainerConfig, sb *store.Sa
 		vm.Backend = snap.Hypervisor
 		vm.CPU, vm.Memory, vm.Storage = snap.CPU, snap.Memory, snap.Storage
 		vm.Windows = snap.Windows
+		vm.PullBase = snap.BaseImage != ""
 		if snap.Hypervisor == cocoon.HypervisorCloudHypervisor {
 			// Firecracker cannot resize a restored VM; cloud-hypervisor can grow it.
 			vm.CPU, vm.Memory = max(vm.CPU, cpus), max(vm.Memory, memory)

@@ -112,7 +112,7 @@ func (s *Service) runImport(ctx context.Context, img *store.Image, r io.Reader) 
 		}
 		img.Snapshot = &store.SnapshotInfo{
 			CPU: snap.CPU, Memory: snap.Memory, Storage: snap.Storage, NICs: snap.NICs,
-			Hypervisor: snap.Hypervisor, ImageType: snap.ImageType, Windows: snap.Windows,
+			Hypervisor: snap.Hypervisor, ImageType: snap.ImageType, Windows: snap.Windows, BaseImage: snap.Image,
 		}
 		if img.Snapshot.Hypervisor == "" {
 			img.Snapshot.Hypervisor = cocoon.HypervisorCloudHypervisor

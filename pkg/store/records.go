@@ -123,7 +123,10 @@ type VM struct {
 	Network    string `json:"network,omitempty"`
 	// OnDemand marks a clone that reads its memory lazily from the source snapshot, which must stay
 	// on disk while the VM exists.
-	OnDemand bool   `json:"on_demand,omitempty"`
+	OnDemand bool `json:"on_demand,omitempty"`
+	// PullBase makes a clone fetch the snapshot's base image by its recorded digest when the node
+	// lacks it: a snapshot holds the VM's state, not the image its disks build on.
+	PullBase bool   `json:"pull_base,omitempty"`
 	ID       string `json:"id,omitempty"`
 	PID      int    `json:"pid,omitempty"`
 }
@@ -175,6 +178,8 @@ type SnapshotInfo struct {
 	Hypervisor string `json:"hypervisor"`
 	ImageType  string `json:"image_type,omitempty"`
 	Windows    bool   `json:"windows,omitempty"`
+	// BaseImage is the image the snapshot's disks build on, as cocoon recorded it.
+	BaseImage string `json:"base_image,omitempty"`
 }
 
 func (i *Image) key() string { return i.ID }
