@@ -78,7 +78,6 @@ func (s *Server) serveImport(stream grpc.ServerStream) error {
 		s.log.Error("image import failed", "ref", ref, "err", r.err)
 		return toStatus(r.err)
 	}
-	s.log.Info("image imported", "ref", ref, "image", r.id)
 	return stream.SendMsg(wrapperspb.String(r.id))
 }
 

@@ -56,9 +56,9 @@ func Open(path string) (*Store, error) {
 	}
 	s := &Store{
 		db:         db,
-		Sandboxes:  newTable(db, "sandboxes", (*Sandbox).key, (*Sandbox).uniqueKeys, (*Sandbox).clone),
-		Containers: newTable(db, "containers", (*Container).key, (*Container).uniqueKeys, (*Container).clone),
-		Images:     newTable(db, "images", (*Image).key, (*Image).uniqueKeys, (*Image).clone),
+		Sandboxes:  newTable(db, "sandboxes", "sandbox", (*Sandbox).key, (*Sandbox).uniqueKeys, (*Sandbox).clone),
+		Containers: newTable(db, "containers", "container", (*Container).key, (*Container).uniqueKeys, (*Container).clone),
+		Images:     newTable(db, "images", "image", (*Image).key, (*Image).uniqueKeys, (*Image).clone),
 	}
 	if err := s.init(); err != nil {
 		db.Close()

@@ -14,6 +14,7 @@ import (
 type Table[T any] struct {
 	db     *bolt.DB
 	bucket []byte
+	what   string // a record's name in errors: "sandbox"
 	key    func(*T) string
 	unique func(*T) []string
 	clone  func(*T) *T
@@ -26,9 +27,9 @@ type Table[T any] struct {
 	index map[string]string // unique key -> record key
 }
 
-func newTable[T any](db *bolt.DB, bucket string, key func(*T) string, unique func(*T) []string, clone func(*T) *T) *Table[T] {
+func newTable[T any](db *bolt.DB, bucket, what string, key func(*T) string, unique func(*T) []string, clone func(*T) *T) *Table[T] {
 	return &Table[T]{
-		db: db, bucket: []byte(bucket), key: key, unique: unique, clone: clone,
+		db: db, bucket: []byte(bucket), what: what, key: key, unique: unique, clone: clone,
 		items: map[string]*T{}, index: map[string]string{},
 	}
 }
@@ -58,7 +59,7 @@ func (t *Table[T]) Get(key string) (*T, error) {
 	defer t.mu.RUnlock()
 	item, ok := t.items[key]
 	if !ok {
-		return nil, fmt.Errorf("%s %q: %w", strings.TrimSuffix(string(t.bucket), "s"), key, ErrNotFound)
+		return nil, fmt.Errorf("%s %q: %w", t.what, key, ErrNotFound)
 	}
 	return t.clone(item), nil
 }
@@ -71,21 +72,20 @@ func (t *Table[T]) Resolve(keyOrPrefix string) (string, error) {
 	if _, ok := t.items[keyOrPrefix]; ok {
 		return keyOrPrefix, nil
 	}
-	what := strings.TrimSuffix(string(t.bucket), "s")
 	if keyOrPrefix == "" {
-		return "", fmt.Errorf("empty %s ID: %w", what, ErrNotFound)
+		return "", fmt.Errorf("empty %s ID: %w", t.what, ErrNotFound)
 	}
 	match := ""
 	for k := range t.items {
 		if strings.HasPrefix(k, keyOrPrefix) {
 			if match != "" {
-				return "", fmt.Errorf("%s ID prefix %q: %w", what, keyOrPrefix, ErrAmbiguous)
+				return "", fmt.Errorf("%s ID prefix %q: %w", t.what, keyOrPrefix, ErrAmbiguous)
 			}
 			match = k
 		}
 	}
 	if match == "" {
-		return "", fmt.Errorf("%s %q: %w", what, keyOrPrefix, ErrNotFound)
+		return "", fmt.Errorf("%s %q: %w", t.what, keyOrPrefix, ErrNotFound)
 	}
 	return match, nil
 }
@@ -119,7 +119,7 @@ func (t *Table[T]) List(keep func(*T) bool) []*T {
 func (t *Table[T]) Create(item *T) error {
 	return t.Update(func(tx *Tx[T]) error {
 		if _, ok := tx.Get(t.key(item)); ok {
-			return fmt.Errorf("%s %q: %w", strings.TrimSuffix(string(t.bucket), "s"), t.key(item), ErrExists)
+			return fmt.Errorf("%s %q: %w", t.what, t.key(item), ErrExists)
 		}
 		return tx.Put(item)
 	})
@@ -132,7 +132,7 @@ func (t *Table[T]) Modify(key string, fn func(*T) error) (*T, error) {
 	err := t.Update(func(tx *Tx[T]) error {
 		item, ok := tx.Get(key)
 		if !ok {
-			return fmt.Errorf("%s %q: %w", strings.TrimSuffix(string(t.bucket), "s"), key, ErrNotFound)
+			return fmt.Errorf("%s %q: %w", t.what, key, ErrNotFound)
 		}
 		if err := fn(item); err != nil {
 			return err
@@ -147,7 +147,7 @@ func (t *Table[T]) Modify(key string, fn func(*T) error) (*T, error) {
 func (t *Table[T]) Delete(key string) error {
 	return t.Update(func(tx *Tx[T]) error {
 		if _, ok := tx.Get(key); !ok {
-			return fmt.Errorf("%s %q: %w", strings.TrimSuffix(string(t.bucket), "s"), key, ErrNotFound)
+			return fmt.Errorf("%s %q: %w", t.what, key, ErrNotFound)
 		}
 		tx.Delete(key)
 		return nil
@@ -258,7 +258,7 @@ func (tx *Tx[T]) Put(item *T) error {
 	k := tx.t.key(item)
 	for _, u := range tx.t.unique(item) {
 		if holder, ok := tx.Holder(u); ok && holder != k {
-			return fmt.Errorf("%q is held by %s %s: %w", u, strings.TrimSuffix(string(tx.t.bucket), "s"), holder, ErrExists)
+			return fmt.Errorf("%q is held by %s %s: %w", u, tx.t.what, holder, ErrExists)
 		}
 	}
 	tx.staged[k] = tx.t.clone(item)

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# make demo: start cocoon-cri on the cocoon simulator and run a VM pod through crictl.
+# Everything lives in a temporary directory and is stopped and removed at the end, unless
+# DEMO_KEEP=1 keeps it running for you to try crictl yourself.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=$PWD/bin
+work=$(mktemp -d /tmp/cocoon-cri-demo.XXXX)
+sock=$work/cocoon-cri.sock
+cocoon_root=$work/cocoon/root cocoon_run=$work/cocoon/run cocoon_log=$work/cocoon/log
+daemon_pid=
+
+crictl() { "$bin/crictl" --runtime-endpoint "unix://$sock" --image-endpoint "unix://$sock" --timeout 60s "$@"; }
+cocoon() { "$bin/cocoon-sim" --root-dir "$cocoon_root" --run-dir "$cocoon_run" --log-dir "$cocoon_log" "$@"; }
+step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
+export CRI_CONFIG_FILE=/dev/null # crictl: no /etc/crictl.yaml needed
+
+teardown() {
+  status=$?
+  if [ "${DEMO_KEEP:-}" = 1 ] && [ $status -eq 0 ]; then
+    return
+  fi
+  if [ -n "$daemon_pid" ] && kill -0 "$daemon_pid" 2>/dev/null; then
+    for pod in $(crictl pods -q 2>/dev/null); do crictl rmp --force "$pod" >/dev/null 2>&1 || true; done
+    kill -TERM "$daemon_pid" && wait "$daemon_pid" 2>/dev/null || true
+  fi
+  # Whatever a failure left: VMs (the simulator's hypervisor processes) and namespaces.
+  for vm in $(cocoon vm list -o json 2>/dev/null | grep -o '"id": *"[A-Z0-9]*"' | grep -o '[A-Z0-9]\{26\}'); do
+    cocoon vm rm --force "$vm" >/dev/null 2>&1 || true
+  done
+  for ns in "$work"/netns/*; do [ -e "$ns" ] && umount -l "$ns" 2>/dev/null; done
+  rm -rf "$work"
+  [ $status -eq 0 ] || echo "demo failed (exit $status)" >&2
+}
+trap teardown EXIT
+
+step "Building a VM snapshot image: a cocoon snapshot archive, as 'cocoon snapshot export' writes it"
+"$bin/mktestimage" snapshot --name demo --cpu 1 --memory 512M --root-dir "$cocoon_root" --install-base -o "$work/demo-snapshot.tar"
+ls -l "$work/demo-snapshot.tar"
+
+step "Starting cocoon-cri on the cocoon simulator (log: $work/cocoon-cri.log)"
+"$bin/cocoon-cri" --socket "$sock" --state-dir "$work/state" --cocoon-binary "$bin/cocoon-sim" \
+  --cocoon-root-dir "$cocoon_root" --cocoon-run-dir "$cocoon_run" --cocoon-log-dir "$cocoon_log" \
+  --netns-dir "$work/netns" >"$work/cocoon-cri.log" 2>&1 &
+daemon_pid=$!
+for _ in $(seq 100); do crictl version >/dev/null 2>&1 && break; sleep 0.1; done
+crictl version
+crictl info -o go-template --template '{{range .status.conditions}}{{.type}}={{.status}} {{end}}{{"\n"}}'
+
+step "Importing the snapshot as the CRI image demo/agent-sandbox:v1"
+"$bin/cocoon-cri" image import --socket "$sock" --ref demo/agent-sandbox:v1 "$work/demo-snapshot.tar"
+crictl images
+
+step "Running a VM pod: RunPodSandbox, CreateContainer, StartContainer"
+cat >"$work/pod.json" <<JSON
+{"metadata": {"name": "agent", "namespace": "default", "uid": "demo-uid-1"},
+ "hostname": "agent", "log_directory": "$work/pods/agent",
+ "labels": {"app": "agent"},
+ "annotations": {"cocoonset.cocoonstack.io/storage": "20Gi"}}
+JSON
+cat >"$work/container.json" <<JSON
+{"metadata": {"name": "sandbox"}, "image": {"image": "demo/agent-sandbox:v1"}, "log_path": "sandbox.log",
+ "linux": {"resources": {"cpu_period": 100000, "cpu_quota": 100000, "memory_limit_in_bytes": 1073741824}}}
+JSON
+pod=$(crictl runp --runtime cocoon "$work/pod.json")
+echo "sandbox:   $pod"
+ctr=$(crictl create --no-pull "$pod" "$work/container.json" "$work/pod.json")
+echo "container: $ctr"
+crictl start "$ctr" >/dev/null
+
+step "The pod, as the kubelet sees it"
+crictl pods
+crictl ps
+crictl inspect -o go-template --template \
+  'state {{.status.state}}, VM {{.info.vm.name}} (cocoon ID {{.info.vm.id}}), {{.info.vm.mode}} of {{.info.vm.source}}{{"\n"}}vCPUs {{.info.vm.cpu}}, memory {{.info.vm.memory}} bytes, disk {{.info.vm.storage}} bytes, hypervisor PID {{.info.vm.pid}}{{"\n"}}' "$ctr"
+
+step "The VM, as cocoon sees it"
+cocoon vm list
+vm_pid=$(crictl inspect -o go-template --template '{{.info.vm.pid}}' "$ctr")
+ps -o pid,etime,args -p "$vm_pid" | cut -c1-150
+
+if [ "${DEMO_KEEP:-}" = 1 ]; then
+  step "Kept running (DEMO_KEEP=1)"
+  cat <<TXT
+crictl:   $bin/crictl --runtime-endpoint unix://$sock --image-endpoint unix://$sock ps
+cocoon:   $bin/cocoon-sim --root-dir $cocoon_root --run-dir $cocoon_run --log-dir $cocoon_log vm list
+log:      $work/cocoon-cri.log
+To stop:  $bin/crictl --runtime-endpoint unix://$sock rmp --force $pod; kill $daemon_pid; rm -rf $work
+TXT
+  exit 0
+fi
+
+step "Stopping and removing: StopContainer, RemoveContainer, StopPodSandbox, RemovePodSandbox"
+crictl stop --timeout 10 "$ctr" >/dev/null
+crictl inspect -o go-template --template 'state {{.status.state}}, exit code {{.status.exitCode}}, reason {{.status.reason}}{{"\n"}}' "$ctr"
+crictl rm "$ctr" >/dev/null
+crictl stopp "$pod" >/dev/null
+crictl rmp "$pod" >/dev/null
+crictl pods
+cocoon vm list
+echo
+echo "demo done: a VM pod ran on cocoon-cri and left nothing behind"

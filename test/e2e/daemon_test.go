@@ -1,0 +1,76 @@
+package e2e
+
+import (
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// TestDaemonSurvivesSIGKILL: after a kill -9 the next start replaces the stale socket and serves the
+// same pods; the VMs kept running meanwhile.
+func TestDaemonSurvivesSIGKILL(t *testing.T) {
+	n := newNode(t)
+	n.withSnapshot()
+	podFile := n.configFile("pod.json", n.podConfig("web", "uid-web"))
+	podID := n.mustCrictl("runp", "--runtime", "cocoon", podFile)
+	ctrID := n.mustCrictl("create", "--no-pull", podID, n.configFile("ctr.json", containerConfig("app", snapRef)), podFile)
+	n.mustCrictl("start", ctrID)
+	pid := int(field(n.inspect("inspect", ctrID), "info", "vm", "pid").(float64))
+
+	n.kill()
+	if _, err := os.Lstat(n.socket); err != nil {
+		t.Fatalf("the killed daemon left no socket to replace: %v", err)
+	}
+	if !processAlive(pid) {
+		t.Fatal("the VM died with cocoon-cri")
+	}
+	n.start()
+	if st := field(n.inspect("inspect", ctrID), "status", "state"); st != "CONTAINER_RUNNING" {
+		t.Fatalf("after restart: %v", st)
+	}
+	info, err := os.Stat(n.socket)
+	if err != nil || info.Mode().Perm() != 0o660 {
+		t.Fatalf("socket %v, %v", info, err)
+	}
+}
+
+// TestSecondDaemonRefusesTheSameSocketAndState: a second cocoon-cri pointed at a live node fails
+// with a clear message and does not disturb it.
+func TestSecondDaemonRefusesTheSameSocketAndState(t *testing.T) {
+	n := newNode(t)
+	for name, args := range map[string][]string{
+		"socket": {"--socket", n.socket, "--state-dir", n.dir + "/other-state"},
+		"state":  {"--socket", n.dir + "/other.sock", "--state-dir", n.stateDir},
+	} {
+		out, err := exec.Command(bins.cocoonCRI, append(args, "--cocoon-binary", bins.cocoonSim)...).CombinedOutput()
+		if err == nil {
+			t.Fatalf("a second daemon on the same %s started", name)
+		}
+		if !strings.Contains(string(out), "another cocoon-cri") {
+			t.Fatalf("second daemon on the same %s: %s", name, out)
+		}
+	}
+	n.mustCrictl("version")
+}
+
+func TestVersionAndBadFlags(t *testing.T) {
+	out, err := exec.Command(bins.cocoonCRI, "--version").CombinedOutput()
+	if err != nil || !strings.HasPrefix(string(out), "cocoon-cri ") {
+		t.Fatalf("--version: %s, %v", out, err)
+	}
+	for _, args := range [][]string{{"--log-level", "loud"}, {"--log-format", "xml"}, {"--cocoon-timeout", "-1s"}} {
+		out, err := exec.Command(bins.cocoonCRI, args...).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), args[0]) {
+			t.Errorf("%v: %s, %v", args, out, err)
+		}
+	}
+	notADir := t.TempDir() + "/file"
+	if err := os.WriteFile(notADir, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err = exec.Command(bins.cocoonCRI, "--socket", notADir+"/cri.sock", "--state-dir", t.TempDir()).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "socket dir") {
+		t.Errorf("a socket under a regular file: %s, %v", out, err)
+	}
+}

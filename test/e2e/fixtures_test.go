@@ -1,0 +1,100 @@
+package e2e
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
+	"github.com/cocoonstack/cocoon-cri/test/testimage"
+)
+
+// podConfig is a pod sandbox config as the kubelet would send it for pod name/uid.
+func (n *node) podConfig(name, uid string) *runtimeapi.PodSandboxConfig {
+	return &runtimeapi.PodSandboxConfig{
+		Metadata:     &runtimeapi.PodSandboxMetadata{Name: name, Namespace: "default", Uid: uid},
+		Hostname:     name,
+		LogDirectory: filepath.Join(n.podLogs, "default_"+name+"_"+uid),
+		Labels:       map[string]string{"app": name, "io.kubernetes.pod.name": name, "io.kubernetes.pod.namespace": "default"},
+		Annotations:  map[string]string{"owner": "e2e"},
+		Linux:        &runtimeapi.LinuxPodSandboxConfig{},
+	}
+}
+
+// containerConfig is a container config for image.
+func containerConfig(name, image string) *runtimeapi.ContainerConfig {
+	return &runtimeapi.ContainerConfig{
+		Metadata: &runtimeapi.ContainerMetadata{Name: name},
+		Image:    &runtimeapi.ImageSpec{Image: image},
+		LogPath:  name + ".log",
+		Labels:   map[string]string{"tier": "vm"},
+		Linux: &runtimeapi.LinuxContainerConfig{Resources: &runtimeapi.LinuxContainerResources{
+			CpuPeriod: 100000, CpuQuota: 100000, MemoryLimitInBytes: 1 << 30,
+		}},
+	}
+}
+
+// configFile writes a CRI message as the JSON crictl reads.
+func (n *node) configFile(name string, msg any) string {
+	n.t.Helper()
+	data, err := json.Marshal(msg)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	return n.writeFile(name, data)
+}
+
+// snapshotImage writes a snapshot archive for this node (its base files installed, as a node that
+// has the snapshot's base image would) and returns the file.
+func (n *node) snapshotImage(name string, opts testimage.SnapshotOptions) string {
+	n.t.Helper()
+	opts.RootDir = n.rootDir
+	if opts.Name == "" {
+		opts.Name = name
+	}
+	if err := testimage.InstallBaseFiles(opts); err != nil {
+		n.t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := testimage.WriteSnapshotArchive(&buf, opts); err != nil {
+		n.t.Fatal(err)
+	}
+	return n.writeFile(name+".tar", buf.Bytes())
+}
+
+// cloudImage writes a qcow2 cloud image and installs the UEFI firmware cocoon boots it with.
+func (n *node) cloudImage(name string) string {
+	n.t.Helper()
+	firmware := filepath.Join(n.rootDir, "firmware", "CLOUDHV.fd")
+	if err := os.MkdirAll(filepath.Dir(firmware), 0o755); err != nil {
+		n.t.Fatal(err)
+	}
+	if err := os.WriteFile(firmware, []byte("firmware"), 0o644); err != nil {
+		n.t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := testimage.WriteQCOW2(&buf, 1<<30); err != nil {
+		n.t.Fatal(err)
+	}
+	return n.writeFile(name+".qcow2", buf.Bytes())
+}
+
+// Images most tests use.
+const (
+	snapRef  = "e2e/snapshot:v1"
+	cloudRef = "e2e/cloud:v1"
+)
+
+// withSnapshot imports a default snapshot image (OCI guest, 1 vCPU, 512 MiB) under snapRef.
+func (n *node) withSnapshot() string {
+	return n.importImage(snapRef, n.snapshotImage("snap", testimage.SnapshotOptions{}))
+}
+
+// stubbornSnapshot is a UEFI guest that ignores the ACPI power button.
+func stubbornSnapshot() testimage.SnapshotOptions {
+	return testimage.SnapshotOptions{ImageType: cocoon.ImageTypeCloudImg, Guest: guest.Spec{IgnorePowerButton: true}}
+}

@@ -1,0 +1,269 @@
+package e2e
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/test/testimage"
+)
+
+// field walks a decoded JSON object along keys.
+func field(m map[string]any, keys ...string) any {
+	var v any = m
+	for _, k := range keys {
+		obj, ok := v.(map[string]any)
+		if !ok {
+			return nil
+		}
+		v = obj[k]
+	}
+	return v
+}
+
+func TestPodLifecycle(t *testing.T) {
+	runLifecycle(t, false)
+}
+
+// TestPodLifecycleSurvivesRestarts runs the same flow with cocoon-cri restarted between every step:
+// the state lives on disk, not in the daemon.
+func TestPodLifecycleSurvivesRestarts(t *testing.T) {
+	runLifecycle(t, true)
+}
+
+func runLifecycle(t *testing.T, restartEachStep bool) {
+	n := newNode(t)
+	imageID := n.withSnapshot()
+	step := func() {
+		if restartEachStep {
+			n.restart()
+		}
+	}
+	podFile := n.configFile("pod.json", n.podConfig("web", "uid-web"))
+	ctrFile := n.configFile("ctr.json", containerConfig("app", snapRef))
+
+	podID := n.mustCrictl("runp", "--runtime", "cocoon", podFile)
+	step()
+	sb := n.inspect("inspectp", podID)
+	if field(sb, "status", "state") != "SANDBOX_READY" || field(sb, "status", "runtimeHandler") != "cocoon" ||
+		field(sb, "status", "metadata", "name") != "web" || field(sb, "status", "labels", "app") != "web" {
+		t.Fatalf("inspectp after runp: %v", sb["status"])
+	}
+	if ns := n.netns(); len(ns) != 1 {
+		t.Fatalf("network namespaces after runp: %v", ns)
+	}
+
+	ctrID := n.mustCrictl("create", "--no-pull", podID, ctrFile, podFile)
+	step()
+	c := n.inspect("inspect", ctrID)
+	if field(c, "status", "state") != "CONTAINER_CREATED" || field(c, "status", "imageId") != imageID {
+		t.Fatalf("inspect after create: %v", c["status"])
+	}
+	if vms := n.vms(); len(vms) != 0 {
+		t.Fatalf("a VM exists before start: %+v", vms)
+	}
+
+	n.mustCrictl("start", ctrID)
+	step()
+	c = n.inspect("inspect", ctrID)
+	if field(c, "status", "state") != "CONTAINER_RUNNING" {
+		t.Fatalf("inspect after start: %v", c["status"])
+	}
+	vmName, _ := field(c, "info", "vm", "name").(string)
+	pid, _ := field(c, "info", "vm", "pid").(float64)
+	vm, err := n.vm(vmName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if vm.State != cocoon.VMStateRunning || vm.PID != int(pid) || !processAlive(vm.PID) {
+		t.Fatalf("cocoon VM %s: state %s pid %d (cocoon-cri says %v), alive %v", vmName, vm.State, vm.PID, pid, processAlive(vm.PID))
+	}
+	if !strings.HasPrefix(vmName, "cri-"+ctrID[:12]+"-web-app") {
+		t.Fatalf("VM name %q", vmName)
+	}
+	if vm.Config.CPU != 1 || vm.Config.Memory != 1<<30 {
+		t.Fatalf("VM size cpu=%d memory=%d, want the container's limits 1 and 1GiB", vm.Config.CPU, vm.Config.Memory)
+	}
+	if ps := n.mustCrictl("ps", "-q", "--state", "running"); ps != ctrID {
+		t.Fatalf("crictl ps --state running: %q", ps)
+	}
+
+	n.mustCrictl("stop", "--timeout", "10", ctrID)
+	step()
+	c = n.inspect("inspect", ctrID)
+	if field(c, "status", "state") != "CONTAINER_EXITED" || field(c, "status", "exitCode") != 0.0 || field(c, "status", "reason") != "Completed" {
+		t.Fatalf("inspect after stop: %v", c["status"])
+	}
+	if vm, err := n.vm(vm.ID); err != nil || vm.State != cocoon.VMStateStopped {
+		t.Fatalf("cocoon VM after stop: %+v, %v", vm, err)
+	}
+	if processAlive(vm.PID) {
+		t.Fatalf("hypervisor %d still runs after stop", vm.PID)
+	}
+
+	n.mustCrictl("rm", ctrID)
+	step()
+	if ps := n.mustCrictl("ps", "-a", "-q"); ps != "" {
+		t.Fatalf("containers after rm: %q", ps)
+	}
+	if vms := n.vms(); len(vms) != 0 {
+		t.Fatalf("VMs after rm: %+v", vms)
+	}
+
+	n.mustCrictl("stopp", podID)
+	step()
+	if st := field(n.inspect("inspectp", podID), "status", "state"); st != "SANDBOX_NOTREADY" {
+		t.Fatalf("sandbox after stopp: %v", st)
+	}
+
+	n.mustCrictl("rmp", podID)
+	step()
+	if pods := n.mustCrictl("pods", "-q"); pods != "" {
+		t.Fatalf("sandboxes after rmp: %q", pods)
+	}
+	if ns := n.netns(); len(ns) != 0 {
+		t.Fatalf("network namespaces after rmp: %v", ns)
+	}
+}
+
+// TestCloudImageBoots covers the VM-image path: vm create, then vm start, with the container's size.
+func TestCloudImageBoots(t *testing.T) {
+	n := newNode(t)
+	n.importImage(cloudRef, n.cloudImage("cloud"))
+	podFile := n.configFile("pod.json", n.podConfig("desk", "uid-desk"))
+	cfg := containerConfig("os", cloudRef)
+	cfg.Linux.Resources.CpuQuota = 200000
+	cfg.Linux.Resources.MemoryLimitInBytes = 1536 << 20
+	ctrFile := n.configFile("ctr.json", cfg)
+
+	podID := n.mustCrictl("runp", "--runtime", "cocoon", podFile)
+	ctrID := n.mustCrictl("create", "--no-pull", podID, ctrFile, podFile)
+	n.mustCrictl("start", ctrID)
+	c := n.inspect("inspect", ctrID)
+	if field(c, "status", "state") != "CONTAINER_RUNNING" || field(c, "info", "vm", "mode") != "boot" {
+		t.Fatalf("inspect: %v / %v", c["status"], c["info"])
+	}
+	vm, err := n.vm(field(c, "info", "vm", "id").(string))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if vm.Config.ImageType != cocoon.ImageTypeCloudImg || vm.Config.CPU != 2 || vm.Config.Memory != 1536<<20 || !processAlive(vm.PID) {
+		t.Fatalf("cocoon VM: %+v", vm)
+	}
+	// A UEFI guest gets the ACPI power button and powers off within the timeout.
+	n.mustCrictl("stop", "--timeout", "20", ctrID)
+	if st := n.inspect("inspect", ctrID)["status"]; field(st.(map[string]any), "exitCode") != 0.0 {
+		t.Fatalf("after stop: %v", st)
+	}
+	n.mustCrictl("rmp", "--force", podID)
+	if vms := n.vms(); len(vms) != 0 {
+		t.Fatalf("VMs after rmp: %+v", vms)
+	}
+}
+
+// TestStopEscalatesForAGuestThatIgnoresThePowerButton: the stop timeout is honoured and the result
+// says the VM was stopped forcibly.
+func TestStopEscalatesForAGuestThatIgnoresThePowerButton(t *testing.T) {
+	n := newNode(t)
+	n.importImage(snapRef, n.snapshotImage("stubborn", stubbornSnapshot()))
+	podFile := n.configFile("pod.json", n.podConfig("stubborn", "uid-s"))
+	podID := n.mustCrictl("runp", "--runtime", "cocoon", podFile)
+	ctrID := n.mustCrictl("create", "--no-pull", podID, n.configFile("ctr.json", containerConfig("app", snapRef)), podFile)
+	n.mustCrictl("start", ctrID)
+	pid := int(field(n.inspect("inspect", ctrID), "info", "vm", "pid").(float64))
+
+	n.mustCrictl("stop", "--timeout", "2", ctrID)
+	st := n.inspect("inspect", ctrID)["status"].(map[string]any)
+	if st["state"] != "CONTAINER_EXITED" || st["exitCode"] != 137.0 || !strings.Contains(st["message"].(string), "did not power off within 2s") {
+		t.Fatalf("after stop: %v", st)
+	}
+	if processAlive(pid) {
+		t.Fatalf("hypervisor %d survived the escalation", pid)
+	}
+}
+
+// TestOneRunningVMPerSandbox: a second container may be created (restarts, init containers) but not
+// started while another runs.
+func TestOneRunningVMPerSandbox(t *testing.T) {
+	n := newNode(t)
+	n.withSnapshot()
+	podFile := n.configFile("pod.json", n.podConfig("pair", "uid-p"))
+	podID := n.mustCrictl("runp", "--runtime", "cocoon", podFile)
+	first := n.mustCrictl("create", "--no-pull", podID, n.configFile("a.json", containerConfig("a", snapRef)), podFile)
+	second := n.mustCrictl("create", "--no-pull", podID, n.configFile("b.json", containerConfig("b", snapRef)), podFile)
+	n.mustCrictl("start", first)
+
+	msg := n.crictlFails("FailedPrecondition", "start", second)
+	if !strings.Contains(msg, "one VM at a time") || !strings.Contains(msg, first) {
+		t.Fatalf("message does not say why: %s", msg)
+	}
+	if st := field(n.inspect("inspect", second), "status", "state"); st != "CONTAINER_CREATED" {
+		t.Fatalf("refused container is %v", st)
+	}
+	if vms := n.vms(); len(vms) != 1 {
+		t.Fatalf("%d VMs, want 1", len(vms))
+	}
+	// Once the first stops, the second may run: a restart in the kubelet's way.
+	n.mustCrictl("stop", "--timeout", "5", first)
+	n.mustCrictl("start", second)
+	if ps := n.mustCrictl("ps", "-q", "--state", "running"); ps != second {
+		t.Fatalf("running: %q", ps)
+	}
+}
+
+// TestFailedStartLeavesNoVM: a VM that does not boot leaves the container EXITED with StartError and
+// no VM in cocoon.
+func TestFailedStartLeavesNoVM(t *testing.T) {
+	n := newNode(t)
+	opts := testimage.SnapshotOptions{}
+	opts.Guest.FailBoot = true
+	n.importImage(snapRef, n.snapshotImage("broken", opts))
+	podFile := n.configFile("pod.json", n.podConfig("broken", "uid-b"))
+	podID := n.mustCrictl("runp", "--runtime", "cocoon", podFile)
+	ctrID := n.mustCrictl("create", "--no-pull", podID, n.configFile("ctr.json", containerConfig("app", snapRef)), podFile)
+
+	if _, err := n.crictl("start", ctrID); err == nil {
+		t.Fatal("a VM that cannot boot started")
+	}
+	st := n.inspect("inspect", ctrID)["status"].(map[string]any)
+	if st["state"] != "CONTAINER_EXITED" || st["exitCode"] != 128.0 || st["reason"] != "StartError" || st["message"] == "" {
+		t.Fatalf("after a failed start: %v", st)
+	}
+	if vms := n.vms(); len(vms) != 0 {
+		t.Fatalf("the failed start left VMs: %+v", vms)
+	}
+	n.crictlFails("FailedPrecondition", "start", ctrID)
+}
+
+// TestManyPodsLeaveNothingBehind creates and removes pods in a row and checks that no VM, namespace
+// or record survives.
+func TestManyPodsLeaveNothingBehind(t *testing.T) {
+	n := newNode(t)
+	n.withSnapshot()
+	ctrFile := n.configFile("ctr.json", containerConfig("app", snapRef))
+	var pods []string
+	for i := range 5 {
+		podFile := n.configFile(fmt.Sprintf("pod%d.json", i), n.podConfig(fmt.Sprintf("p%d", i), fmt.Sprintf("uid-%d", i)))
+		podID := n.mustCrictl("runp", "--runtime", "cocoon", podFile)
+		ctrID := n.mustCrictl("create", "--no-pull", podID, ctrFile, podFile)
+		n.mustCrictl("start", ctrID)
+		pods = append(pods, podID)
+	}
+	if got := len(n.vms()); got != 5 {
+		t.Fatalf("%d VMs running, want 5", got)
+	}
+	listed := strings.Fields(n.mustCrictl("pods", "-q"))
+	slices.Sort(listed)
+	slices.Sort(pods)
+	if !slices.Equal(listed, pods) {
+		t.Fatalf("crictl pods = %v, want %v", listed, pods)
+	}
+	for _, p := range pods {
+		n.mustCrictl("rmp", "--force", p)
+	}
+	if vms, ns, ps := n.vms(), n.netns(), n.mustCrictl("ps", "-a", "-q"); len(vms)+len(ns) != 0 || ps != "" {
+		t.Fatalf("left behind: VMs %+v, namespaces %v, containers %q", vms, ns, ps)
+	}
+}

@@ -1,0 +1,82 @@
+// Package e2e drives a live cocoon-cri on the cocoon simulator with the real clients: crictl and
+// critest. Each test gets a node of its own (state, cocoon and network-namespace directories in a
+// temporary directory) and stops everything it started, by PID, also when it fails.
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+)
+
+// bins are the executables under test, built once for the package.
+var bins struct {
+	cocoonCRI, cocoonSim, crictl, critest string
+}
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			fmt.Fprintln(os.Stderr, "e2e: the end-to-end tests need root (network namespaces) and CI runs as root")
+			return 1
+		}
+		fmt.Fprintln(os.Stderr, "e2e: skipped: needs root to create network namespaces")
+		return 0
+	}
+	dir, err := os.MkdirTemp("", "cocoon-cri-e2e-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	root, err := repoRoot()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	// The daemon is built with the race detector so the end-to-end runs check it too.
+	builds := []struct {
+		out  *string
+		pkg  string
+		args []string
+	}{
+		{&bins.cocoonCRI, "./cmd/cocoon-cri", []string{"-race"}},
+		{&bins.cocoonSim, "./test/cocoonsim/cmd/cocoon-sim", nil},
+	}
+	for _, b := range builds {
+		*b.out = filepath.Join(dir, filepath.Base(b.pkg))
+		args := append(append([]string{"build"}, b.args...), "-o", *b.out, b.pkg)
+		cmd := exec.Command("go", args...)
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "e2e: go build %s: %v\n%s", b.pkg, err, out)
+			return 1
+		}
+	}
+	toolDir := os.Getenv("COCOON_CRI_BIN")
+	if toolDir == "" {
+		toolDir = filepath.Join(root, "bin")
+	}
+	bins.crictl, bins.critest = filepath.Join(toolDir, "crictl"), filepath.Join(toolDir, "critest")
+	for _, tool := range []string{bins.crictl, bins.critest} {
+		if _, err := os.Stat(tool); err != nil {
+			fmt.Fprintf(os.Stderr, "e2e: %s is missing: run make tools (make test does)\n", tool)
+			return 1
+		}
+	}
+	return m.Run()
+}
+
+func repoRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("find the module root: %w", err)
+	}
+	return filepath.Dir(string(out[:len(out)-1])), nil
+}

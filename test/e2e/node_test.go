@@ -1,0 +1,319 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/tapmanager"
+	"github.com/cocoonstack/cocoon-cri/test/cocoonsim"
+)
+
+// node is one cocoon-cri daemon on the simulator, with every directory it uses under dir.
+type node struct {
+	t        *testing.T
+	dir      string
+	socket   string
+	stateDir string
+	rootDir  string // cocoon --root-dir
+	runDir   string // cocoon --run-dir
+	logDir   string // cocoon --log-dir
+	netnsDir string
+	podLogs  string
+	extra    []string
+	logFile  string
+	daemon   *exec.Cmd
+	exited   chan error
+}
+
+// newNode starts a daemon; extra are more cocoon-cri flags. Everything is stopped and removed when
+// the test ends.
+func newNode(t *testing.T, extra ...string) *node {
+	t.Helper()
+	// Not t.TempDir: a unix socket path must stay under 108 bytes, and test names are long.
+	dir, err := os.MkdirTemp("", "ccri")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &node{
+		t: t, dir: dir, extra: extra,
+		socket:   filepath.Join(dir, "cri.sock"),
+		stateDir: filepath.Join(dir, "state"),
+		rootDir:  filepath.Join(dir, "cocoon", "root"),
+		runDir:   filepath.Join(dir, "cocoon", "run"),
+		logDir:   filepath.Join(dir, "cocoon", "log"),
+		netnsDir: filepath.Join(dir, "netns"),
+		podLogs:  filepath.Join(dir, "pods"),
+		logFile:  filepath.Join(dir, "cocoon-cri.log"),
+	}
+	t.Cleanup(n.cleanup)
+	n.start()
+	return n
+}
+
+// start runs the daemon and waits until it answers.
+func (n *node) start() {
+	n.t.Helper()
+	args := []string{
+		"--socket", n.socket, "--state-dir", n.stateDir,
+		"--cocoon-binary", bins.cocoonSim,
+		"--cocoon-root-dir", n.rootDir, "--cocoon-run-dir", n.runDir, "--cocoon-log-dir", n.logDir,
+		"--netns-dir", n.netnsDir, "--log-level", "debug",
+	}
+	logFile, err := os.OpenFile(n.logFile, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	defer logFile.Close()
+	cmd := exec.Command(bins.cocoonCRI, append(args, n.extra...)...)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.Env = append(os.Environ(), "GORACE=halt_on_error=1 exitcode=66")
+	if err := cmd.Start(); err != nil {
+		n.t.Fatal(err)
+	}
+	n.daemon, n.exited = cmd, make(chan error, 1)
+	go func() { n.exited <- cmd.Wait() }()
+
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if _, err := n.crictl("version"); err == nil {
+			return
+		}
+		select {
+		case err := <-n.exited:
+			n.daemon = nil
+			n.t.Fatalf("cocoon-cri exited at start: %v\n%s", err, n.log())
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			n.t.Fatalf("cocoon-cri did not answer within a minute\n%s", n.log())
+		}
+	}
+}
+
+// stop sends SIGTERM and expects a clean exit.
+func (n *node) stop() {
+	n.t.Helper()
+	if n.daemon == nil {
+		return
+	}
+	_ = n.daemon.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-n.exited:
+		n.daemon = nil
+		if err != nil {
+			n.t.Fatalf("cocoon-cri exited with %v after SIGTERM\n%s", err, n.log())
+		}
+	case <-time.After(30 * time.Second):
+		n.kill()
+		n.t.Fatalf("cocoon-cri ignored SIGTERM for 30s\n%s", n.log())
+	}
+}
+
+// kill stops the daemon with SIGKILL, as a crash would.
+func (n *node) kill() {
+	if n.daemon == nil {
+		return
+	}
+	_ = n.daemon.Process.Kill()
+	<-n.exited
+	n.daemon = nil
+}
+
+func (n *node) restart() {
+	n.t.Helper()
+	n.stop()
+	n.start()
+}
+
+// cleanup stops the daemon and whatever it left: guest processes, namespaces, files.
+func (n *node) cleanup() {
+	if n.daemon != nil {
+		_ = n.daemon.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-n.exited:
+		case <-time.After(30 * time.Second):
+			_ = n.daemon.Process.Kill()
+			<-n.exited
+		}
+		n.daemon = nil
+	}
+	if err := cocoonsim.KillGuests(n.runDir); err != nil {
+		n.t.Errorf("stop guests: %v", err)
+	}
+	entries, _ := os.ReadDir(n.netnsDir)
+	for _, e := range entries {
+		if err := (&tapmanager.NetNS{}).RemoveNetNS(filepath.Join(n.netnsDir, e.Name())); err != nil {
+			n.t.Errorf("remove netns: %v", err)
+		}
+	}
+	if log := n.log(); strings.Contains(log, "DATA RACE") {
+		n.t.Errorf("cocoon-cri reported a data race:\n%s", log)
+	} else if n.t.Failed() {
+		n.t.Logf("cocoon-cri log:\n%s", log)
+	}
+	if err := os.RemoveAll(n.dir); err != nil {
+		n.t.Errorf("remove node dir: %v", err)
+	}
+}
+
+func (n *node) log() string {
+	data, _ := os.ReadFile(n.logFile)
+	return string(data)
+}
+
+// crictl runs crictl against the node and returns its stdout; the error carries stderr.
+func (n *node) crictl(args ...string) (string, error) {
+	endpoint := "unix://" + n.socket
+	full := append([]string{"--runtime-endpoint", endpoint, "--image-endpoint", endpoint, "--timeout", "60s"}, args...)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bins.crictl, full...)
+	// crictl warns on stderr about a missing /etc/crictl.yaml; point it at an empty one.
+	cmd.Env = append(os.Environ(), "CRI_CONFIG_FILE="+os.DevNull)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return stdout.String(), fmt.Errorf("crictl %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return strings.TrimSpace(stdout.String()), nil
+}
+
+func (n *node) mustCrictl(args ...string) string {
+	n.t.Helper()
+	out, err := n.crictl(args...)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	return out
+}
+
+// crictlFails runs crictl expecting a gRPC error with the given code.
+func (n *node) crictlFails(code string, args ...string) string {
+	n.t.Helper()
+	_, err := n.crictl(args...)
+	if err == nil {
+		n.t.Fatalf("crictl %s succeeded, want %s", strings.Join(args, " "), code)
+	}
+	if !strings.Contains(err.Error(), "code = "+code) {
+		n.t.Fatalf("crictl %s: want code %s, got: %v", strings.Join(args, " "), code, err)
+	}
+	return err.Error()
+}
+
+// inspect runs a crictl inspect command and decodes its JSON.
+func (n *node) inspect(args ...string) map[string]any {
+	n.t.Helper()
+	var out map[string]any
+	full := append([]string{args[0], "-o", "json"}, args[1:]...)
+	if err := json.Unmarshal([]byte(n.mustCrictl(full...)), &out); err != nil {
+		n.t.Fatal(err)
+	}
+	return out
+}
+
+// cocoon runs the simulator with the node's cocoon directories.
+func (n *node) cocoon(args ...string) (string, error) {
+	full := append([]string{"--root-dir", n.rootDir, "--run-dir", n.runDir, "--log-dir", n.logDir}, args...)
+	out, err := exec.Command(bins.cocoonSim, full...).Output()
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		err = fmt.Errorf("cocoon %s: %v: %s", strings.Join(args, " "), err, cocoon.StripANSI(string(exit.Stderr)))
+	}
+	return string(out), err
+}
+
+// vms lists the simulator's VMs.
+func (n *node) vms() []cocoon.VM {
+	n.t.Helper()
+	out, err := n.cocoon("vm", "list", "-o", "json")
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	if strings.HasPrefix(strings.TrimSpace(out), "No VMs found") {
+		return nil
+	}
+	var vms []cocoon.VM
+	if err := json.Unmarshal([]byte(out), &vms); err != nil {
+		n.t.Fatal(err)
+	}
+	return vms
+}
+
+// vm inspects one VM in the simulator.
+func (n *node) vm(ref string) (*cocoon.VM, error) {
+	out, err := n.cocoon("vm", "inspect", ref)
+	if err != nil {
+		return nil, err
+	}
+	var vm cocoon.VM
+	if err := json.Unmarshal([]byte(out), &vm); err != nil {
+		return nil, err
+	}
+	return &vm, nil
+}
+
+// netns lists the pod network namespaces on the node.
+func (n *node) netns() []string {
+	entries, _ := os.ReadDir(n.netnsDir)
+	names := make([]string, 0, len(entries))
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	return names
+}
+
+// writeFile writes a file under the node's directory and returns its path.
+func (n *node) writeFile(name string, data []byte) string {
+	n.t.Helper()
+	path := filepath.Join(n.dir, name)
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		n.t.Fatal(err)
+	}
+	return path
+}
+
+// importImage runs cocoon-cri image import and returns the image ID.
+func (n *node) importImage(ref, file string) string {
+	n.t.Helper()
+	out, err := exec.Command(bins.cocoonCRI, "image", "import", "--socket", n.socket, "--ref", ref, file).CombinedOutput()
+	if err != nil {
+		n.t.Fatalf("image import %s: %v: %s", ref, err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// processAlive reports whether pid runs (and is not a zombie).
+func processAlive(pid int) bool {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	fields := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+1:]))
+	return len(fields) > 0 && fields[0] != "Z"
+}
+
+// clients connects to the node's CRI services directly, for requests crictl cannot make.
+func (n *node) clients() (runtimeapi.RuntimeServiceClient, runtimeapi.ImageServiceClient) {
+	n.t.Helper()
+	conn, err := grpc.NewClient("unix://"+n.socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	n.t.Cleanup(func() { conn.Close() })
+	return runtimeapi.NewRuntimeServiceClient(conn), runtimeapi.NewImageServiceClient(conn)
+}
