@@ -2,7 +2,6 @@ package cri
 
 import (
 	"context"
-	"encoding/json"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -29,11 +28,9 @@ func (s *Server) ContainerStatus(_ context.Context, req *runtimeapi.ContainerSta
 	}
 	resp := &runtimeapi.ContainerStatusResponse{Status: st}
 	if req.GetVerbose() {
-		info, err := json.Marshal(containerInfo{SandboxID: c.SandboxID, VM: c.VM, Config: c.Config.Msg})
-		if err != nil {
-			return nil, toStatus(err)
+		if resp.Info, err = verboseInfo(containerInfo{SandboxID: c.SandboxID, VM: c.VM, Config: c.Config.Msg}); err != nil {
+			return nil, err
 		}
-		resp.Info = map[string]string{"info": string(info)}
 	}
 	return resp, nil
 }

@@ -2,7 +2,6 @@ package cri
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -27,11 +26,9 @@ func (s *Server) ImageStatus(_ context.Context, req *runtimeapi.ImageStatusReque
 	}
 	resp := &runtimeapi.ImageStatusResponse{Image: criImage(img)}
 	if req.GetVerbose() {
-		info, err := json.Marshal(imageInfo{Kind: img.Kind, LocalName: img.LocalName, Snapshot: img.Snapshot})
-		if err != nil {
-			return nil, toStatus(err)
+		if resp.Info, err = verboseInfo(imageInfo{Kind: img.Kind, LocalName: img.LocalName, Snapshot: img.Snapshot}); err != nil {
+			return nil, err
 		}
-		resp.Info = map[string]string{"info": string(info)}
 	}
 	return resp, nil
 }

@@ -2,7 +2,6 @@ package cri
 
 import (
 	"context"
-	"encoding/json"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -26,11 +25,9 @@ func (s *Server) PodSandboxStatus(_ context.Context, req *runtimeapi.PodSandboxS
 		Timestamp:          s.now(),
 	}
 	if req.GetVerbose() {
-		info, err := json.Marshal(sandboxInfo{NetNS: sb.NetNS, VM: sb.VM, RuntimeHandler: sb.RuntimeHandler, Config: sb.Config.Msg})
-		if err != nil {
-			return nil, toStatus(err)
+		if resp.Info, err = verboseInfo(sandboxInfo{NetNS: sb.NetNS, VM: sb.VM, RuntimeHandler: sb.RuntimeHandler, Config: sb.Config.Msg}); err != nil {
+			return nil, err
 		}
-		resp.Info = map[string]string{"info": string(info)}
 	}
 	return resp, nil
 }

@@ -6,6 +6,7 @@ package cri
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"runtime"
@@ -127,3 +128,13 @@ func (s *Server) Recover(ctx context.Context) error {
 }
 
 func (s *Server) now() int64 { return s.nowFunc().UnixNano() }
+
+// verboseInfo is the "info" map verbose Status RPCs answer with: one JSON document, the convention
+// crictl inspect and other runtimes follow.
+func verboseInfo(v any) (map[string]string, error) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return nil, toStatus(fmt.Errorf("encode verbose info: %w", err))
+	}
+	return map[string]string{"info": string(data)}, nil
+}

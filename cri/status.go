@@ -2,7 +2,6 @@ package cri
 
 import (
 	"context"
-	"encoding/json"
 	"time"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -40,11 +39,10 @@ func (s *Server) Status(ctx context.Context, req *runtimeapi.StatusRequest) (*ru
 		if probe.Value != nil {
 			info["cocoonVersion"] = probe.Value
 		}
-		data, err := json.Marshal(info)
-		if err != nil {
-			return nil, toStatus(err)
+		var err error
+		if resp.Info, err = verboseInfo(info); err != nil {
+			return nil, err
 		}
-		resp.Info = map[string]string{"info": string(data)}
 	}
 	return resp, nil
 }

@@ -177,7 +177,26 @@ func emptyList(out []byte) bool {
 	return strings.HasPrefix(s, "No ") && strings.Contains(s, " found")
 }
 
-func decodeList[T any](args []string, out []byte) ([]T, error) {
+// query runs a command that prints one JSON object (inspect, or a lifecycle command with -o json).
+func query[T any](ctx context.Context, c *Client, args ...string) (*T, error) {
+	out, err := c.run(ctx, call{args: args})
+	if err != nil {
+		return nil, err
+	}
+	var item T
+	if err := json.Unmarshal(bytes.TrimSpace(out), &item); err != nil {
+		return nil, fmt.Errorf("cocoon %s: decode output: %w", strings.Join(args, " "), err)
+	}
+	return &item, nil
+}
+
+// queryList runs a list command with -o json.
+func queryList[T any](ctx context.Context, c *Client, args ...string) ([]T, error) {
+	args = append(args, "-o", "json")
+	out, err := c.run(ctx, call{args: args})
+	if err != nil {
+		return nil, err
+	}
 	if emptyList(out) {
 		return nil, nil
 	}
@@ -186,14 +205,6 @@ func decodeList[T any](args []string, out []byte) ([]T, error) {
 		return nil, fmt.Errorf("cocoon %s: decode output: %w", strings.Join(args, " "), err)
 	}
 	return items, nil
-}
-
-func decodeObject[T any](args []string, out []byte) (*T, error) {
-	var item T
-	if err := json.Unmarshal(bytes.TrimSpace(out), &item); err != nil {
-		return nil, fmt.Errorf("cocoon %s: decode output: %w", strings.Join(args, " "), err)
-	}
-	return &item, nil
 }
 
 // tailBuffer keeps the last max bytes written to it.

@@ -26,22 +26,12 @@ func (c *Client) ImagePull(ctx context.Context, ref string, force bool) (*Image,
 
 // ImageInspect returns one image by reference or digest.
 func (c *Client) ImageInspect(ctx context.Context, ref string) (*Image, error) {
-	args := []string{"image", "inspect", ref}
-	out, err := c.run(ctx, call{args: args})
-	if err != nil {
-		return nil, err
-	}
-	return decodeObject[Image](args, out)
+	return query[Image](ctx, c, "image", "inspect", ref)
 }
 
 // ImageList returns every image of both backends.
 func (c *Client) ImageList(ctx context.Context) ([]Image, error) {
-	args := []string{"image", "list", "-o", "json"}
-	out, err := c.run(ctx, call{args: args})
-	if err != nil {
-		return nil, err
-	}
-	return decodeList[Image](args, out)
+	return queryList[Image](ctx, c, "image", "list")
 }
 
 // ImageRemove deletes an image's index entry (cocoon frees the blobs at gc). A missing image is

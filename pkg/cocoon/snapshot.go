@@ -23,22 +23,12 @@ func (c *Client) SnapshotImport(ctx context.Context, r io.Reader, name, descript
 
 // SnapshotInspect returns one snapshot by ID or name.
 func (c *Client) SnapshotInspect(ctx context.Context, ref string) (*Snapshot, error) {
-	args := []string{"snapshot", "inspect", ref}
-	out, err := c.run(ctx, call{args: args})
-	if err != nil {
-		return nil, err
-	}
-	return decodeObject[Snapshot](args, out)
+	return query[Snapshot](ctx, c, "snapshot", "inspect", ref)
 }
 
 // SnapshotList returns every snapshot.
 func (c *Client) SnapshotList(ctx context.Context) ([]Snapshot, error) {
-	args := []string{"snapshot", "list", "-o", "json"}
-	out, err := c.run(ctx, call{args: args})
-	if err != nil {
-		return nil, err
-	}
-	return decodeList[Snapshot](args, out)
+	return queryList[Snapshot](ctx, c, "snapshot", "list")
 }
 
 // SnapshotRemove deletes a snapshot. A missing one is ErrNotFound. cocoon does not check for

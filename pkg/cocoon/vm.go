@@ -77,27 +77,14 @@ func appendIf(args []string, cond bool, more ...string) []string {
 
 // VMCreate registers a VM from a local image without starting it (state created).
 func (c *Client) VMCreate(ctx context.Context, image string, o CreateOptions) (*VM, error) {
-	args := append(append([]string{"vm", "create"}, o.args()...), "-o", "json", image)
-	out, err := c.run(ctx, call{args: args})
-	if err != nil {
-		return nil, err
-	}
-	return decodeObject[VM](args, out)
+	return query[VM](ctx, c, append(append([]string{"vm", "create"}, o.args()...), "-o", "json", image)...)
 }
 
 // VMRun creates and starts a VM from a local image. If the start fails cocoon leaves the record in
 // state error; the caller removes it.
 func (c *Client) VMRun(ctx context.Context, image string, o CreateOptions) (*VM, error) {
-	args := append(append([]string{"vm", "run"}, o.args()...), "-o", "json", image)
-	out, err := c.run(ctx, call{args: args})
-	if err != nil {
-		return nil, err
-	}
-	vm, err := decodeObject[VM](args, out)
-	if err != nil {
-		return nil, err
-	}
-	return c.settled(ctx, vm)
+	vm, err := query[VM](ctx, c, append(append([]string{"vm", "run"}, o.args()...), "-o", "json", image)...)
+	return c.settled(ctx, vm, err)
 }
 
 // VMClone creates a running VM from a local snapshot.
@@ -106,23 +93,15 @@ func (c *Client) VMClone(ctx context.Context, snapshot string, o CloneOptions) (
 		// cocoon v0.3.8 validates the name before applying its documented default.
 		return nil, fmt.Errorf("clone %s: a VM name is required: %w", snapshot, ErrInvalid)
 	}
-	args := append(append([]string{"vm", "clone"}, o.args()...), "-o", "json", snapshot)
-	out, err := c.run(ctx, call{args: args})
-	if err != nil {
-		return nil, err
-	}
-	vm, err := decodeObject[VM](args, out)
-	if err != nil {
-		return nil, err
-	}
-	return c.settled(ctx, vm)
+	vm, err := query[VM](ctx, c, append(append([]string{"vm", "clone"}, o.args()...), "-o", "json", snapshot)...)
+	return c.settled(ctx, vm, err)
 }
 
 // settled returns the VM as inspect sees it when the lifecycle output cannot be trusted: clone
 // always prints pid 0, and run prints the pre-start record when its own re-inspect failed.
-func (c *Client) settled(ctx context.Context, vm *VM) (*VM, error) {
-	if vm.State == VMStateRunning && vm.PID > 0 {
-		return vm, nil
+func (c *Client) settled(ctx context.Context, vm *VM, err error) (*VM, error) {
+	if err != nil || (vm.State == VMStateRunning && vm.PID > 0) {
+		return vm, err
 	}
 	return c.VMInspect(ctx, vm.ID)
 }
@@ -171,20 +150,10 @@ func (c *Client) VMRemove(ctx context.Context, id string, force bool) error {
 // VMInspect returns one VM with its state reconciled against the hypervisor process ("stopped
 // (stale)" when the record says running but the process is gone).
 func (c *Client) VMInspect(ctx context.Context, ref string) (*VM, error) {
-	args := []string{"vm", "inspect", ref}
-	out, err := c.run(ctx, call{args: args})
-	if err != nil {
-		return nil, err
-	}
-	return decodeObject[VM](args, out)
+	return query[VM](ctx, c, "vm", "inspect", ref)
 }
 
 // VMList returns every VM. States are the raw records: a dead hypervisor still shows "running".
 func (c *Client) VMList(ctx context.Context) ([]VM, error) {
-	args := []string{"vm", "list", "-o", "json"}
-	out, err := c.run(ctx, call{args: args})
-	if err != nil {
-		return nil, err
-	}
-	return decodeList[VM](args, out)
+	return queryList[VM](ctx, c, "vm", "list")
 }

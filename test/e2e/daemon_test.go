@@ -12,11 +12,8 @@ import (
 func TestDaemonSurvivesSIGKILL(t *testing.T) {
 	n := newNode(t)
 	n.withSnapshot()
-	podFile := n.configFile("pod.json", n.podConfig("web", "uid-web"))
-	podID := n.mustCrictl("runp", "--runtime", "cocoon", podFile)
-	ctrID := n.mustCrictl("create", "--no-pull", podID, n.configFile("ctr.json", containerConfig("app", snapRef)), podFile)
-	n.mustCrictl("start", ctrID)
-	pid := int(field(n.inspect("inspect", ctrID), "info", "vm", "pid").(float64))
+	_, ctrID, _ := n.runningPod("web", snapRef)
+	pid := n.vmPID(ctrID)
 
 	n.kill()
 	if _, err := os.Lstat(n.socket); err != nil {

@@ -32,12 +32,8 @@ func (n *node) state() nodeState {
 func TestBadInputsAreRefusedAndChangeNothing(t *testing.T) {
 	n := newNode(t)
 	n.withSnapshot()
-	pod := n.podConfig("web", "uid-web")
-	podFile := n.configFile("pod.json", pod)
-	ctrFile := n.configFile("ctr.json", containerConfig("app", snapRef))
-	podID := n.mustCrictl("runp", "--runtime", "cocoon", podFile)
-	ctrID := n.mustCrictl("create", "--no-pull", podID, ctrFile, podFile)
-	n.mustCrictl("start", ctrID)
+	podID, ctrID, podFile := n.runningPod("web", snapRef)
+	ctrFile := n.dir + "/web-ctr.json"
 	before := n.state()
 
 	variant := func(name string, change func(*runtimeapi.PodSandboxConfig)) string {
@@ -175,11 +171,8 @@ func TestStopAndRemoveAreIdempotent(t *testing.T) {
 func TestRemoveRunningPodSandbox(t *testing.T) {
 	n := newNode(t)
 	n.withSnapshot()
-	podFile := n.configFile("pod.json", n.podConfig("busy", "uid-busy"))
-	podID := n.mustCrictl("runp", "--runtime", "cocoon", podFile)
-	ctrID := n.mustCrictl("create", "--no-pull", podID, n.configFile("ctr.json", containerConfig("app", snapRef)), podFile)
-	n.mustCrictl("start", ctrID)
-	pid := int(field(n.inspect("inspect", ctrID), "info", "vm", "pid").(float64))
+	podID, ctrID, _ := n.runningPod("busy", snapRef)
+	pid := n.vmPID(ctrID)
 	n.mustCrictl("rmp", "--force", podID)
 	if st := n.state(); st.Pods != "" || st.Containers != "" || st.VMs != 0 || len(st.Netns) != 0 || processAlive(pid) {
 		t.Fatalf("left behind: %+v, hypervisor alive %v", st, processAlive(pid))

@@ -98,3 +98,24 @@ func (n *node) withSnapshot() string {
 func stubbornSnapshot() testimage.SnapshotOptions {
 	return testimage.SnapshotOptions{ImageType: cocoon.ImageTypeCloudImg, Guest: guest.Spec{IgnorePowerButton: true}}
 }
+
+// runningPod runs a pod named name with one container of image, started, and returns the IDs and
+// the pod config file (for more containers).
+func (n *node) runningPod(name, image string) (podID, ctrID, podFile string) {
+	n.t.Helper()
+	podFile = n.configFile(name+"-pod.json", n.podConfig(name, "uid-"+name))
+	podID = n.mustCrictl("runp", "--runtime", "cocoon", podFile)
+	ctrID = n.mustCrictl("create", "--no-pull", podID, n.configFile(name+"-ctr.json", containerConfig("app", image)), podFile)
+	n.mustCrictl("start", ctrID)
+	return podID, ctrID, podFile
+}
+
+// vmPID is the hypervisor PID cocoon-cri records for a container.
+func (n *node) vmPID(ctrID string) int {
+	n.t.Helper()
+	pid, ok := field(n.inspect("inspect", ctrID), "info", "vm", "pid").(float64)
+	if !ok {
+		n.t.Fatalf("container %s has no VM PID", ctrID)
+	}
+	return int(pid)
+}

@@ -22,21 +22,7 @@ import (
 )
 
 // snapshots lists the simulator's snapshots.
-func (n *node) snapshots() []cocoon.Snapshot {
-	n.t.Helper()
-	out, err := n.cocoon("snapshot", "list", "-o", "json")
-	if err != nil {
-		n.t.Fatal(err)
-	}
-	if strings.HasPrefix(strings.TrimSpace(out), "No snapshots found") {
-		return nil
-	}
-	var snaps []cocoon.Snapshot
-	if err := json.Unmarshal([]byte(out), &snaps); err != nil {
-		n.t.Fatal(err)
-	}
-	return snaps
-}
+func (n *node) snapshots() []cocoon.Snapshot { return cocoonList[cocoon.Snapshot](n, "snapshot") }
 
 type imageList struct {
 	Images []struct {
@@ -97,10 +83,7 @@ func TestImageReferencesShareOneArtifact(t *testing.T) {
 func TestRemovedImageStaysWhileACloneNeedsIt(t *testing.T) {
 	n := newNode(t)
 	id := n.withSnapshot()
-	podFile := n.configFile("pod.json", n.podConfig("keep", "uid-k"))
-	podID := n.mustCrictl("runp", "--runtime", "cocoon", podFile)
-	ctrID := n.mustCrictl("create", "--no-pull", podID, n.configFile("ctr.json", containerConfig("app", snapRef)), podFile)
-	n.mustCrictl("start", ctrID)
+	_, ctrID, _ := n.runningPod("keep", snapRef)
 
 	n.mustCrictl("rmi", id)
 	if list := n.images(); len(list.Images) != 0 {
@@ -113,8 +96,7 @@ func TestRemovedImageStaysWhileACloneNeedsIt(t *testing.T) {
 	if st := field(n.inspect("inspect", ctrID), "status", "state"); st != "CONTAINER_RUNNING" {
 		t.Fatalf("container %v", st)
 	}
-	pid := int(field(n.inspect("inspect", ctrID), "info", "vm", "pid").(float64))
-	if !processAlive(pid) {
+	if !processAlive(n.vmPID(ctrID)) {
 		t.Fatal("the clone died: its snapshot was taken away")
 	}
 

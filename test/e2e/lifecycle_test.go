@@ -168,11 +168,8 @@ func TestCloudImageBoots(t *testing.T) {
 func TestStopEscalatesForAGuestThatIgnoresThePowerButton(t *testing.T) {
 	n := newNode(t)
 	n.importImage(snapRef, n.snapshotImage("stubborn", stubbornSnapshot()))
-	podFile := n.configFile("pod.json", n.podConfig("stubborn", "uid-s"))
-	podID := n.mustCrictl("runp", "--runtime", "cocoon", podFile)
-	ctrID := n.mustCrictl("create", "--no-pull", podID, n.configFile("ctr.json", containerConfig("app", snapRef)), podFile)
-	n.mustCrictl("start", ctrID)
-	pid := int(field(n.inspect("inspect", ctrID), "info", "vm", "pid").(float64))
+	_, ctrID, _ := n.runningPod("stubborn", snapRef)
+	pid := n.vmPID(ctrID)
 
 	n.mustCrictl("stop", "--timeout", "2", ctrID)
 	st := n.inspect("inspect", ctrID)["status"].(map[string]any)
@@ -242,13 +239,9 @@ func TestFailedStartLeavesNoVM(t *testing.T) {
 func TestManyPodsLeaveNothingBehind(t *testing.T) {
 	n := newNode(t)
 	n.withSnapshot()
-	ctrFile := n.configFile("ctr.json", containerConfig("app", snapRef))
 	var pods []string
 	for i := range 5 {
-		podFile := n.configFile(fmt.Sprintf("pod%d.json", i), n.podConfig(fmt.Sprintf("p%d", i), fmt.Sprintf("uid-%d", i)))
-		podID := n.mustCrictl("runp", "--runtime", "cocoon", podFile)
-		ctrID := n.mustCrictl("create", "--no-pull", podID, ctrFile, podFile)
-		n.mustCrictl("start", ctrID)
+		podID, _, _ := n.runningPod(fmt.Sprintf("p%d", i), snapRef)
 		pods = append(pods, podID)
 	}
 	if got := len(n.vms()); got != 5 {

@@ -237,22 +237,25 @@ func (n *node) cocoon(args ...string) (string, error) {
 	return string(out), err
 }
 
-// vms lists the simulator's VMs.
-func (n *node) vms() []cocoon.VM {
+// cocoonList runs a simulator list command ("vm", "snapshot", "image") and decodes it.
+func cocoonList[T any](n *node, what string) []T {
 	n.t.Helper()
-	out, err := n.cocoon("vm", "list", "-o", "json")
+	out, err := n.cocoon(what, "list", "-o", "json")
 	if err != nil {
 		n.t.Fatal(err)
 	}
-	if strings.HasPrefix(strings.TrimSpace(out), "No VMs found") {
+	if strings.HasPrefix(strings.TrimSpace(out), "No ") {
 		return nil
 	}
-	var vms []cocoon.VM
-	if err := json.Unmarshal([]byte(out), &vms); err != nil {
+	var items []T
+	if err := json.Unmarshal([]byte(out), &items); err != nil {
 		n.t.Fatal(err)
 	}
-	return vms
+	return items
 }
+
+// vms lists the simulator's VMs.
+func (n *node) vms() []cocoon.VM { return cocoonList[cocoon.VM](n, "vm") }
 
 // vm inspects one VM in the simulator.
 func (n *node) vm(ref string) (*cocoon.VM, error) {
