@@ -1,10 +1,17 @@
 package e2e
 
 import (
+	"encoding/json"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/store"
+	"github.com/cocoonstack/cocoon-cri/tapmanager"
 )
 
 // TestDaemonSurvivesSIGKILL: after a kill -9 the next start replaces the stale socket and serves the
@@ -69,5 +76,83 @@ func TestVersionAndBadFlags(t *testing.T) {
 	out, err = exec.Command(bins.cocoonCRI, "--socket", notADir+"/cri.sock", "--state-dir", t.TempDir()).CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "socket dir") {
 		t.Errorf("a socket under a regular file: %s, %v", out, err)
+	}
+}
+
+// TestRuntimeReadyFollowsCocoon: RuntimeReady is false, with a reason, while the cocoon binary does
+// not run.
+func TestRuntimeReadyFollowsCocoon(t *testing.T) {
+	n := newNode(t, "--cocoon-binary", "/nonexistent/cocoon", "--serve-default-handler")
+	var info struct {
+		Status struct {
+			Conditions []struct {
+				Type    string `json:"type"`
+				Status  bool   `json:"status"`
+				Reason  string `json:"reason"`
+				Message string `json:"message"`
+			} `json:"conditions"`
+		} `json:"status"`
+		RuntimeHandlers []struct {
+			Name string `json:"name"`
+		} `json:"runtimeHandlers"`
+	}
+	if err := json.Unmarshal([]byte(n.mustCrictl("info", "-o", "json")), &info); err != nil {
+		t.Fatal(err)
+	}
+	conditions := map[string]bool{}
+	for _, c := range info.Status.Conditions {
+		conditions[c.Type] = c.Status
+		if c.Type == "RuntimeReady" && (c.Reason != "CocoonUnavailable" || !strings.Contains(c.Message, "/nonexistent/cocoon")) {
+			t.Errorf("RuntimeReady reason %q message %q", c.Reason, c.Message)
+		}
+	}
+	if ready, ok := conditions["RuntimeReady"]; !ok || ready {
+		t.Fatalf("RuntimeReady with no cocoon: %+v", info.Status.Conditions)
+	}
+	var handlers []string
+	for _, h := range info.RuntimeHandlers {
+		handlers = append(handlers, h.Name)
+	}
+	if strings.Join(handlers, ",") != ",cocoon" {
+		t.Fatalf("handlers %q, want the default and cocoon", handlers)
+	}
+}
+
+// TestRecoveryRollsBackAnInterruptedRunPodSandbox: a sandbox left half-made by a crash (its record
+// says creating, its namespace exists) is rolled back at the next start, so the kubelet's retry of
+// the same pod succeeds.
+func TestRecoveryRollsBackAnInterruptedRunPodSandbox(t *testing.T) {
+	n := newNode(t)
+	pod := n.podConfig("web", "uid-web")
+	n.stop()
+
+	st, err := store.Open(filepath.Join(n.stateDir, "cocoon-cri.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nets := &tapmanager.NetNS{Dir: n.netnsDir}
+	id := strings.Repeat("c", 64)
+	half := &store.Sandbox{
+		ID: id, Name: "web_default_uid-web_0", State: store.SandboxCreating, RuntimeHandler: "cocoon",
+		Config: store.Proto[*runtimeapi.PodSandboxConfig]{Msg: pod}, NetNS: nets.NetNSPath(id),
+	}
+	if err := st.Sandboxes.Create(half); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	if err := nets.CreateNetNS(half.NetNS); err != nil {
+		t.Fatal(err)
+	}
+
+	n.start()
+	if ns := n.netns(); len(ns) != 0 {
+		t.Fatalf("the half-made sandbox's namespace survived: %v", ns)
+	}
+	if pods := n.mustCrictl("pods", "-q"); pods != "" {
+		t.Fatalf("the half-made sandbox is listed: %q", pods)
+	}
+	podID := n.mustCrictl("runp", "--runtime", "cocoon", n.configFile("pod.json", pod))
+	if podID == id {
+		t.Fatal("the retry reused the half-made sandbox")
 	}
 }
