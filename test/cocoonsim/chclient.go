@@ -145,6 +145,14 @@ func (c *chClient) addDisk(ctx context.Context, disk any) error {
 	return c.action(ctx, "vm.add-disk", disk, http.StatusOK, http.StatusNoContent)
 }
 
+func (c *chClient) addNet(ctx context.Context, n any) error {
+	return c.action(ctx, "vm.add-net", n, http.StatusOK, http.StatusNoContent)
+}
+
+func (c *chClient) removeDevice(ctx context.Context, id string) error {
+	return c.action(ctx, "vm.remove-device", map[string]string{"id": id})
+}
+
 // waitForSocket waits until the API socket accepts connections, failing early if the
 // hypervisor process dies first.
 func waitForSocket(ctx context.Context, socketPath string, pid int, timeout time.Duration, processName string) error {

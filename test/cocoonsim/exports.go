@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
 )
 
 // SeedOCIImage stores an OCI image under rootDir exactly as `cocoon image import NAME layer.tar`
@@ -28,10 +30,17 @@ func SeedOCIImage(ctx context.Context, rootDir, name string, layer io.Reader) (s
 	return digest, nil
 }
 
+// GuestOSPID returns the PID of the guest OS process of a running simulated VM, given the
+// hypervisor's PID (vm inspect's pid), or 0 when the VM runs no guest. Its network and UTS
+// namespaces are the guest's: `nsenter -t PID -n -u CMD` runs CMD "inside the guest".
+func GuestOSPID(hypervisorPID int) (int, error) {
+	return guest.OSPID(hypervisorPID)
+}
+
 // KillGuests SIGKILLs every simulated hypervisor whose pid file lies under runDir (the
-// --run-dir given to the simulator) and waits for them to go. Test harnesses call it on cleanup,
-// also after failures, so no guest outlives a test. A pid whose command line does not name its
-// own VM directory (a recycled PID) is left alone.
+// --run-dir given to the simulator) and waits for them, and for their guest OS processes, to go.
+// Test harnesses call it on cleanup, also after failures, so no guest outlives a test. A pid
+// whose command line does not name its own VM directory (a recycled PID) is left alone.
 func KillGuests(runDir string) error {
 	var errs []error
 	for _, kind := range []backendKind{kindCH, kindFC} {
@@ -59,12 +68,16 @@ func killGuest(pidFile string) error {
 	if !verifyProcessCmdline(pid, "", apiSocketPath(filepath.Dir(pidFile))) {
 		return nil
 	}
+	osPID, _ := guest.OSPID(pid)
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
 		return fmt.Errorf("kill guest %d (%s): %w", pid, pidFile, err)
 	}
-	gone := func() (bool, error) { return !isProcessAlive(pid), nil }
-	if err := waitFor(context.Background(), killWaitTimeout, 10*time.Millisecond, gone); err != nil {
-		return fmt.Errorf("guest %d (%s) still alive after SIGKILL: %w", pid, pidFile, err)
+	// The guest OS process ends by itself once its hypervisor is gone.
+	for _, p := range []int{pid, osPID} {
+		gone := func() (bool, error) { return !isProcessAlive(p), nil }
+		if err := waitFor(context.Background(), killWaitTimeout, 10*time.Millisecond, gone); err != nil {
+			return fmt.Errorf("guest %d (%s) still alive after SIGKILL: %w", p, pidFile, err)
+		}
 	}
 	return nil
 }

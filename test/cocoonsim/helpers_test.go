@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -56,6 +57,10 @@ const patience = 20 * time.Second
 type sim struct {
 	t                  *testing.T
 	root, run, log, ci string
+	// env is extra environment for every command; inNetns, when set, starts every command inside
+	// a network namespace (see netLab).
+	env     []string
+	inNetns func(fn func() error) error
 }
 
 // newSim makes short temp dirs (unix socket paths must stay under 108 bytes) and registers
@@ -98,22 +103,23 @@ func (s *sim) cocoon(args ...string) result {
 // cocoonIn runs the simulator with extra environment and stdin.
 func (s *sim) cocoonIn(env []string, stdin io.Reader, args ...string) result {
 	s.t.Helper()
-	return runSim(s.t, env, stdin, append(s.globalFlags(), args...)...)
+	return runSimCmd(s.t, "", append(slices.Clone(s.env), env...), stdin, append(s.globalFlags(), args...), s.inNetns)
 }
 
 // runSim runs the simulator binary with exactly args.
 func runSim(t *testing.T, env []string, stdin io.Reader, args ...string) result {
 	t.Helper()
-	return runSimCmd(t, "", env, stdin, args)
+	return runSimCmd(t, "", env, stdin, args, nil)
 }
 
 // runSimIn runs the simulator in working directory dir.
 func runSimIn(t *testing.T, dir string, args ...string) result {
 	t.Helper()
-	return runSimCmd(t, dir, nil, nil, args)
+	return runSimCmd(t, dir, nil, nil, args, nil)
 }
 
-func runSimCmd(t *testing.T, dir string, env []string, stdin io.Reader, args []string) result {
+// runSimCmd runs the simulator; inNetns, if not nil, is where the process is started.
+func runSimCmd(t *testing.T, dir string, env []string, stdin io.Reader, args []string, inNetns func(func() error) error) result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -123,7 +129,15 @@ func runSimCmd(t *testing.T, dir string, env []string, stdin io.Reader, args []s
 	cmd.Stdin = stdin
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
+	var err error
+	if inNetns != nil {
+		err = inNetns(cmd.Start)
+	} else {
+		err = cmd.Start()
+	}
+	if err == nil {
+		err = cmd.Wait()
+	}
 	code := 0
 	if exitErr, ok := err.(*exec.ExitError); ok {
 		code = exitErr.ExitCode()

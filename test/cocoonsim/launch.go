@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"time"
 
+	cns "github.com/containernetworking/plugins/pkg/ns"
+
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
 )
@@ -51,7 +53,7 @@ func (b *backend) buildVMConfig(rec *vmRecord) *guest.VMConfig {
 		cfg.Disks = append(cfg.Disks, storageConfigToDisk(sc, rec.Config.CPU, rec.Config.DiskQueueSize, rec.Config.NoDirectIO))
 	}
 	for _, nc := range rec.NetworkConfigs {
-		cfg.Nets = append(cfg.Nets, guest.Net{Tap: nc.Tap, Mac: nc.Mac, NumQueues: nc.NumQueues, QueueSize: nc.QueueSize, OffloadTSO: true, OffloadUFO: true, OffloadCsum: true})
+		cfg.Nets = append(cfg.Nets, networkConfigToNet(nc))
 	}
 	switch boot := rec.BootConfig; {
 	case boot.directBoot():
@@ -60,6 +62,11 @@ func (b *backend) buildVMConfig(rec *vmRecord) *guest.VMConfig {
 		cfg.Payload = &guest.Payload{Firmware: boot.FirmwarePath}
 	}
 	return cfg
+}
+
+// networkConfigToNet is the virtio-net device cocoon gives cloud-hypervisor for a NIC.
+func networkConfigToNet(nc *cocoon.NetworkConfig) guest.Net {
+	return guest.Net{Tap: nc.Tap, Mac: nc.Mac, NumQueues: nc.NumQueues, QueueSize: nc.QueueSize, OffloadTSO: true, OffloadUFO: true, OffloadCsum: true}
 }
 
 func storageConfigToDisk(sc *cocoon.StorageConfig, cpu, diskQueueSize int, noDirectIO bool) guest.Disk {
@@ -92,9 +99,9 @@ func (b *backend) launch(ctx context.Context, rec *vmRecord, args []string) (int
 	} else {
 		defer logFile.Close() //nolint:errcheck
 	}
-	pid, err := guest.Launch(guest.LaunchOptions{Binary: b.conf.CHBinary, Args: args, Log: logFile, VMName: rec.Config.Name})
+	pid, err := launchInVMNetns(rec.NetworkConfigs, guest.LaunchOptions{Binary: b.conf.CHBinary, Args: args, Log: logFile, VMName: rec.Config.Name})
 	if err != nil {
-		return 0, fmt.Errorf("exec cloud-hypervisor: %w", err)
+		return 0, err
 	}
 	pidPath := b.pidFilePath(rec.RunDir)
 	if err := writePIDFile(pidPath, pid); err != nil {
@@ -108,6 +115,34 @@ func (b *backend) launch(ctx context.Context, rec *vmRecord, args []string) (int
 		return 0, err
 	}
 	return pid, nil
+}
+
+// launchInVMNetns starts the hypervisor where its TAPs are: in CNI mode inside the VM's netns
+// (cocoon enters it before the fork, so the process and the guest it runs live there), in bridge
+// mode and without NICs in the caller's own namespace.
+func launchInVMNetns(nets []*cocoon.NetworkConfig, opts guest.LaunchOptions) (int, error) {
+	launch := func() (int, error) {
+		pid, err := guest.Launch(opts)
+		if err != nil {
+			return 0, fmt.Errorf("exec cloud-hypervisor: %w", err)
+		}
+		return pid, nil
+	}
+	if len(nets) == 0 || nets[0].NetnsPath == "" {
+		return launch()
+	}
+	vmNetns, err := cns.GetNS(nets[0].NetnsPath)
+	if err != nil {
+		return 0, fmt.Errorf("enter netns: %w", err)
+	}
+	defer vmNetns.Close() //nolint:errcheck
+	var pid int
+	err = vmNetns.Do(func(cns.NetNS) error {
+		var err error
+		pid, err = launch()
+		return err
+	})
+	return pid, err
 }
 
 // saveCmdline records the hypervisor command line in the run dir, as cocoon does for debugging.

@@ -2,194 +2,141 @@ package cocoonsim
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
-	"net"
-	"os"
-	"path/filepath"
-	"slices"
-	"strings"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 )
 
-// Networking. cocoon gives each VM NIC either a CNI network in a netns of its own
-// ("cocoon-<VMID>": libcni ADD per NIC, veth<->TAP redirect, MAC copied to the guest) or a TAP on
-// an existing bridge. This version of the simulator supports --nics 0 fully; the provider
-// structure below is where real CNI and bridge wiring go next. Until then a provider fails
-// before touching anything: exactly as cocoon when there is no conflist or no bridge device, and
-// with an explicit "not simulated" error otherwise. It never fakes a network.
+// Networking, as cocoon does it (network/, cmd/vm/run.go, cmd/vm/lifecycle.go). A VM's NICs come
+// from one provider: CNI (the default: a netns of its own, a libcni ADD per NIC, a TAP wired to
+// the CNI interface with tc) or --bridge (TAPs on an existing bridge). The commands create the
+// network before the VM record and roll it back when the VM cannot be created; vm rm releases
+// it; vm start first recreates a network that vanished (recoverNetwork).
+
+// network_configs backend values.
+const (
+	backendCNI    = "cni"
+	backendBridge = "bridge"
+)
 
 var errNetworkNotConfigured = errors.New("network provider not configured")
 
-// networkProvider is cocoon's network.Network as far as VM creation uses it.
+// networkProvider is cocoon's network.Network as far as the VM commands use it.
 type networkProvider interface {
-	config(ctx context.Context, vmID string, nics int, spec *vmSpec) ([]*cocoon.NetworkConfig, error)
+	// config sets up numNICs NICs for vmID. With existing configs it is a recovery: the NICs are
+	// recreated with their persisted MACs (and IPs, where IPAM honours them).
+	config(ctx context.Context, vmID string, numNICs int, vmCfg *cocoon.VMConfig, existing ...*cocoon.NetworkConfig) ([]*cocoon.NetworkConfig, error)
+	// verify reports whether the VM's network is still in place.
+	verify(vmID string) error
+	// remove releases the network of deleted VMs.
+	remove(ctx context.Context, vmIDs []string) error
 }
 
-// initNetwork configures the NICs of a new VM; no NICs means no network at all.
-func (a *app) initNetwork(ctx context.Context, vmID string, nics int, spec *vmSpec, bridgeDev string) ([]*cocoon.NetworkConfig, error) {
+// initNetwork configures the NICs of a new VM and returns the provider that owns them, for a
+// rollback. No NICs means no network at all. A CNI config records the conflist it used in
+// vmCfg.Network.
+func (a *app) initNetwork(ctx context.Context, vmID string, nics int, vmCfg *cocoon.VMConfig, bridgeDev string) (networkProvider, []*cocoon.NetworkConfig, error) {
 	if nics <= 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
-	var provider networkProvider
-	var err error
+	provider, err := a.newProvider(bridgeDev)
+	if err != nil {
+		return nil, nil, fmt.Errorf("init network: %w", err)
+	}
+	configs, err := provider.config(ctx, vmID, nics, vmCfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("configure network: %w", err)
+	}
+	return provider, configs, nil
+}
+
+func (a *app) newProvider(bridgeDev string) (networkProvider, error) {
 	if bridgeDev != "" {
-		provider, err = newBridgeNetwork(bridgeDev)
+		b, err := newBridgeNetwork(bridgeDev)
 		if err != nil {
-			err = fmt.Errorf("init bridge network: %w", err)
+			return nil, fmt.Errorf("init bridge network: %w", err)
 		}
-	} else {
-		provider, err = newCNINetwork(a.conf)
-		if err != nil {
-			err = fmt.Errorf("init network: %w", err)
-		}
+		return b, nil
 	}
+	c, err := newCNINetwork(a.conf, a.log)
 	if err != nil {
 		return nil, fmt.Errorf("init network: %w", err)
 	}
-	configs, err := provider.config(ctx, vmID, nics, spec)
-	if err != nil {
-		return nil, fmt.Errorf("configure network: %w", err)
-	}
-	return configs, nil
-}
-
-// releaseNetworks is the network cleanup of vm rm: it drops the CNI records of deleted VMs. As in
-// cocoon, a CNI provider that cannot even be set up means there is nothing to clean.
-func (a *app) releaseNetworks(ctx context.Context, vmIDs []string) error {
-	cni, err := newCNINetwork(a.conf)
-	if err != nil {
-		return nil //nolint:nilerr // cocoon skips network cleanup when the provider cannot init
-	}
-	return cni.release(ctx, vmIDs)
-}
-
-// cniNetwork is the CNI provider: conflists from --cni-conf-dir, records in <root>/cni/db.
-type cniNetwork struct {
-	confDir     string
-	confLists   map[string]string // conflist name -> file
-	defaultName string
-	db          jsonDB[networkIndex]
-}
-
-// networkRecord is one NIC in <root>/cni/db/networks.json.
-type networkRecord struct {
-	Network cocoon.Network `json:"network"`
-	ID      string         `json:"id"`
-	Type    string         `json:"type"`
-	VMID    string         `json:"vm_id"`
-	IfName  string         `json:"if_name"`
-}
-
-type networkIndex struct {
-	Networks map[string]*networkRecord `json:"networks"`
-}
-
-func (idx *networkIndex) initMaps() {
-	if idx.Networks == nil {
-		idx.Networks = map[string]*networkRecord{}
-	}
-}
-
-func newCNINetwork(conf *Config) (*cniNetwork, error) {
-	dbDir := filepath.Join(conf.RootDir, "cni", "db")
-	if err := ensureDirs(dbDir); err != nil {
-		return nil, fmt.Errorf("ensure cni dirs: %w", err)
-	}
-	c := &cniNetwork{
-		confDir: conf.CNIConfDir,
-		db:      jsonDB[networkIndex]{path: filepath.Join(dbDir, "networks.json"), lockPath: filepath.Join(dbDir, "networks.lock")},
-	}
-	// Like cocoon, an unreadable or unparsable conf dir only makes config() fail later.
-	c.confLists, c.defaultName, _ = loadConfLists(conf.CNIConfDir)
 	return c, nil
 }
 
-// loadConfLists reads the name of every *.conflist in dir; the first file alphabetically is the
-// default.
-func loadConfLists(dir string) (map[string]string, string, error) {
-	files, err := filepath.Glob(filepath.Join(dir, "*.conflist"))
-	if err != nil || len(files) == 0 {
-		return nil, "", fmt.Errorf("no .conflist files in %s", dir)
+// rollbackNetwork releases the network of a VM that could not be created or cloned.
+func (a *app) rollbackNetwork(ctx context.Context, provider networkProvider, vmID string) {
+	if provider == nil {
+		return
 	}
-	slices.Sort(files)
-	lists := map[string]string{}
-	var defaultName string
-	for _, f := range files {
-		data, err := os.ReadFile(f) //nolint:gosec // operator-supplied CNI config
+	if err := provider.remove(ctx, []string{vmID}); err != nil {
+		a.log.with("cmd.vm.rollbackNetwork").Warnf("rollback network for %s: %v", vmID, err)
+	}
+}
+
+// releaseNetworks is the network cleanup of vm rm: the CNI networks of the deleted VMs (skipped,
+// as in cocoon, when the CNI provider cannot even be set up), then any bridge TAPs.
+func (a *app) releaseNetworks(ctx context.Context, vmIDs []string) error {
+	if cni, err := newCNINetwork(a.conf, a.log); err == nil {
+		if err := cni.remove(ctx, vmIDs); err != nil {
+			return fmt.Errorf("vm(s) deleted but network cleanup failed: %w", err)
+		}
+	}
+	cleanupBridgeTAPs(vmIDs)
+	return nil
+}
+
+// recoverNetworks is cocoon's recoverNetwork, run by vm start before anything starts: a VM whose
+// network vanished (its netns or first TAP is missing, e.g. after a host reboot) gets it
+// recreated from its persisted NIC configs. Failures are only logged; the start then fails.
+func (a *app) recoverNetworks(ctx context.Context, b *backend, refs []string) {
+	logger := a.log.with("cmd.vm.recoverNetwork")
+	var cni networkProvider
+	if c, err := newCNINetwork(a.conf, a.log); err == nil {
+		cni = c
+	}
+	bridges := map[string]networkProvider{}
+	for _, ref := range refs {
+		vm, err := b.inspect(ctx, ref)
+		if err != nil || len(vm.NetworkConfigs) == 0 {
+			continue
+		}
+		provider, err := providerForVM(cni, bridges, vm.NetworkConfigs[0])
 		if err != nil {
-			return nil, "", err
+			logger.Warnf("skip recovery for VM %s: %v", vm.ID, err)
+			continue
 		}
-		var cl struct {
-			Name string `json:"name"`
+		if provider.verify(vm.ID) == nil {
+			continue
 		}
-		if err := json.Unmarshal(data, &cl); err != nil {
-			return nil, "", fmt.Errorf("parse %s: %w", f, err)
-		}
-		lists[cl.Name] = f
-		if defaultName == "" {
-			defaultName = cl.Name
+		logger.Warnf("network missing for VM %s, recovering", vm.ID)
+		if _, err := provider.config(ctx, vm.ID, len(vm.NetworkConfigs), &vm.Config, vm.NetworkConfigs...); err != nil {
+			logger.Warnf("recover network for VM %s: %v (start will fail)", vm.ID, err)
 		}
 	}
-	return lists, defaultName, nil
 }
 
-func (c *cniNetwork) config(_ context.Context, _ string, _ int, spec *vmSpec) ([]*cocoon.NetworkConfig, error) {
-	if len(c.confLists) == 0 {
-		return nil, fmt.Errorf("%w: no conflist found in %s", errNetworkNotConfigured, c.confDir)
-	}
-	name := spec.Network
-	if name == "" {
-		name = c.defaultName
-	}
-	if _, ok := c.confLists[name]; !ok {
-		return nil, fmt.Errorf("conflist %q not found (available: %s)", name, strings.Join(slices.Sorted(maps.Keys(c.confLists)), ", "))
-	}
-	return nil, fmt.Errorf("cocoon-sim: CNI networking is not simulated yet (conflist %q in %s); use --nics 0", name, c.confDir)
-}
-
-func (c *cniNetwork) release(ctx context.Context, vmIDs []string) error {
-	return c.db.Update(ctx, func(idx *networkIndex) error {
-		for id, rec := range idx.Networks {
-			if rec != nil && slices.Contains(vmIDs, rec.VMID) {
-				delete(idx.Networks, id)
-			}
+// providerForVM picks the provider that made a VM's NICs (they all share one); bridge providers
+// are cached by device.
+func providerForVM(cni networkProvider, bridges map[string]networkProvider, first *cocoon.NetworkConfig) (networkProvider, error) {
+	if first.Backend == backendBridge {
+		if first.BridgeDev == "" {
+			return nil, fmt.Errorf("bridge backend but no bridge device persisted")
 		}
-		return nil
-	})
-}
-
-// bridgeNetwork is the --bridge provider: a TAP per NIC on an existing Linux bridge.
-type bridgeNetwork struct {
-	dev string
-}
-
-func newBridgeNetwork(dev string) (*bridgeNetwork, error) {
-	if _, err := net.InterfaceByName(dev); err != nil {
-		return nil, fmt.Errorf("bridge %s: Link not found", dev)
-	}
-	if _, err := os.Stat(filepath.Join("/sys/class/net", dev, "bridge")); err != nil {
-		return nil, fmt.Errorf("%s is not a bridge (type: %s)", dev, linkType(dev))
-	}
-	return &bridgeNetwork{dev: dev}, nil
-}
-
-// linkType reads the kernel's device type of a non-bridge link for cocoon's error message.
-func linkType(dev string) string {
-	data, err := os.ReadFile(filepath.Join("/sys/class/net", dev, "uevent")) //nolint:gosec // sysfs
-	if err == nil {
-		for line := range strings.SplitSeq(string(data), "\n") {
-			if t, ok := strings.CutPrefix(line, "DEVTYPE="); ok {
-				return t
-			}
+		if p, ok := bridges[first.BridgeDev]; ok {
+			return p, nil
 		}
+		b, err := newBridgeNetwork(first.BridgeDev)
+		if err != nil {
+			return nil, fmt.Errorf("init bridge network: %w", err)
+		}
+		bridges[first.BridgeDev] = b
+		return b, nil
 	}
-	return "device"
-}
-
-func (b *bridgeNetwork) config(context.Context, string, int, *vmSpec) ([]*cocoon.NetworkConfig, error) {
-	return nil, fmt.Errorf("cocoon-sim: bridge networking is not simulated yet (bridge %s); use --nics 0", b.dev)
+	if cni == nil {
+		return nil, fmt.Errorf("cni provider not available")
+	}
+	return cni, nil
 }

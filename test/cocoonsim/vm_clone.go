@@ -44,7 +44,7 @@ func (a *app) vmClone(cmd *cobra.Command, args []string) error {
 	if err != nil {
 		return fmt.Errorf("open snapshot %s: %w", snapRef, err)
 	}
-	spec, vmID, nets, err := a.prepareClone(cmd, snap, kind)
+	plan, err := a.prepareClone(cmd, snap, kind)
 	if err != nil {
 		return err
 	}
@@ -52,23 +52,33 @@ func (a *app) vmClone(cmd *cobra.Command, args []string) error {
 	if !jsonOut {
 		logger.Infof("cloning VM from snapshot %s (direct) ...", snapRef)
 	}
-	vm, err := b.directClone(ctx, vmID, spec, nets, snap, dataDir)
+	vm, err := b.directClone(ctx, plan.vmID, plan.spec, plan.nets, snap, dataDir)
 	if err != nil {
+		a.rollbackNetwork(ctx, plan.provider, plan.vmID)
 		return fmt.Errorf("clone VM: %w", err)
 	}
 	if jsonOut {
 		return outputJSON(cmd.OutOrStdout(), vm)
 	}
 	logger.Infof("VM cloned: %s (name: %s)", vm.ID, vm.Config.Name)
-	printPostCloneHints(cmd.OutOrStdout(), vm, nets)
+	printPostCloneHints(cmd.OutOrStdout(), vm, plan.nets)
 	return nil
 }
 
+// clonePlan is what prepareClone settles before any snapshot file is copied: the clone's
+// configuration, its ID, and its network with the provider that owns it.
+type clonePlan struct {
+	spec     *vmSpec
+	vmID     string
+	provider networkProvider
+	nets     []*cocoon.NetworkConfig
+}
+
 // prepareClone builds the clone's configuration and network (cocoon's prepareClone).
-func (a *app) prepareClone(cmd *cobra.Command, snap *cocoon.SnapshotConfig, kind backendKind) (*vmSpec, string, []*cocoon.NetworkConfig, error) {
+func (a *app) prepareClone(cmd *cobra.Command, snap *cocoon.SnapshotConfig, kind backendKind) (*clonePlan, error) {
 	spec, err := cloneSpecFromFlags(cmd, snap)
 	if err != nil {
-		return nil, "", nil, err
+		return nil, err
 	}
 	vmID := generateID()
 	if spec.Name == "" {
@@ -76,12 +86,12 @@ func (a *app) prepareClone(cmd *cobra.Command, snap *cocoon.SnapshotConfig, kind
 	}
 	if pull, _ := cmd.Flags().GetBool("pull"); pull && spec.Image != "" && spec.ImageType != "" {
 		if err := a.ensureImage(cmd.Context(), spec); err != nil {
-			return nil, "", nil, err
+			return nil, err
 		}
 	}
 	if kind == kindFC {
 		if err := validateFCCloneOverrides(cmd, snap); err != nil {
-			return nil, "", nil, err
+			return nil, err
 		}
 	}
 	nics, _ := cmd.Flags().GetInt("nics")
@@ -89,14 +99,14 @@ func (a *app) prepareClone(cmd *cobra.Command, snap *cocoon.SnapshotConfig, kind
 		nics = snap.NICs
 	}
 	if nics < snap.NICs {
-		return nil, "", nil, fmt.Errorf("--nics %d below snapshot minimum %d", nics, snap.NICs)
+		return nil, fmt.Errorf("--nics %d below snapshot minimum %d", nics, snap.NICs)
 	}
 	bridgeDev, _ := cmd.Flags().GetString("bridge")
-	nets, err := a.initNetwork(cmd.Context(), vmID, nics, spec, bridgeDev)
+	provider, nets, err := a.initNetwork(cmd.Context(), vmID, nics, &spec.VMConfig, bridgeDev)
 	if err != nil {
-		return nil, "", nil, err
+		return nil, err
 	}
-	return spec, vmID, nets, nil
+	return &clonePlan{spec: spec, vmID: vmID, provider: provider, nets: nets}, nil
 }
 
 var errPullNotSimulated = errors.New(`cocoon-sim: "image pull" is not simulated`)
@@ -283,7 +293,7 @@ func (b *backend) cloneAfterExtract(ctx context.Context, vmID string, spec *vmSp
 		b.markError(ctx, vmID)
 		return nil, fmt.Errorf("launch CH: %w", err)
 	}
-	if err := restoreAndResume(ctx, newCHClient(sock), runDir, chCfg, storage, spec, direct, hadCidata); err != nil {
+	if err := restoreAndResume(ctx, newCHClient(sock), b.log, runDir, chCfg, storage, nets, spec, direct, hadCidata); err != nil {
 		b.abortLaunch(ctx, pid, runDir)
 		return nil, err
 	}
@@ -302,14 +312,12 @@ func (b *backend) cloneAfterExtract(ctx context.Context, vmID string, spec *vmSp
 
 // restoreAndResume loads the snapshot in runDir into the fresh hypervisor, hot-plugs a cidata
 // disk the snapshot lacked, and lets the guest run.
-func restoreAndResume(ctx context.Context, hc *chClient, runDir string, chCfg *guest.VMConfig, storage []*cocoon.StorageConfig, spec *vmSpec, direct, hadCidata bool) error {
+func restoreAndResume(ctx context.Context, hc *chClient, log *logger, runDir string, chCfg *guest.VMConfig, storage []*cocoon.StorageConfig, nets []*cocoon.NetworkConfig, spec *vmSpec, direct, hadCidata bool) error {
 	if err := hc.restore(ctx, runDir, spec.OnDemand); err != nil {
 		return fmt.Errorf("vm.restore: %w", err)
 	}
-	for _, old := range chCfg.Nets {
-		if old.ID != "" {
-			return fmt.Errorf("hot-swap NICs: cocoon-sim: replacing snapshot NIC %s is not simulated", old.ID)
-		}
+	if err := hotSwapNets(ctx, hc, log, chCfg.Nets, nets); err != nil {
+		return fmt.Errorf("hot-swap NICs: %w", err)
 	}
 	if !direct && !spec.Windows && !hadCidata {
 		cidata := storageConfigToDisk(storage[len(storage)-1], spec.CPU, spec.DiskQueueSize, spec.NoDirectIO)
@@ -319,6 +327,29 @@ func restoreAndResume(ctx context.Context, hc *chClient, runDir string, chCfg *g
 	}
 	if err := hc.resume(ctx); err != nil {
 		return fmt.Errorf("vm.resume: %w", err)
+	}
+	return nil
+}
+
+// hotSwapNets replaces the snapshot's NICs, whose device state still carries the source VM's
+// MACs, with the clone's: every old NIC is unplugged and every new one plugged while the guest is
+// paused. The guest keeps the IP configuration it had; only the devices change.
+func hotSwapNets(ctx context.Context, hc *chClient, log *logger, old []guest.Net, nets []*cocoon.NetworkConfig) error {
+	logger := log.with("cloudhypervisor.hotSwapNets")
+	for _, n := range old {
+		if n.ID == "" {
+			continue
+		}
+		if err := hc.removeDevice(ctx, n.ID); err != nil {
+			return fmt.Errorf("remove net device %s: %w", n.ID, err)
+		}
+		logger.Infof("removed snapshot NIC %s (old MAC %s)", n.ID, n.Mac)
+	}
+	for i, nc := range nets {
+		if err := hc.addNet(ctx, networkConfigToNet(nc)); err != nil {
+			return fmt.Errorf("add net device %d/%d (MAC %s, TAP %s): %w", i+1, len(nets), nc.Mac, nc.Tap, err)
+		}
+		logger.Infof("added NIC with MAC %s on TAP %s", nc.Mac, nc.Tap)
 	}
 	return nil
 }

@@ -102,12 +102,13 @@ func (a *app) createVM(cmd *cobra.Command, image string) (*cocoon.VM, *backend, 
 	}
 	vmID := generateID()
 	nics, _ := cmd.Flags().GetInt("nics")
-	nets, err := a.initNetwork(cmd.Context(), vmID, nics, spec, bridgeDev)
+	provider, nets, err := a.initNetwork(cmd.Context(), vmID, nics, &spec.VMConfig, bridgeDev)
 	if err != nil {
 		return nil, nil, err
 	}
 	vm, err := b.create(cmd.Context(), vmID, spec, storage, nets, boot)
 	if err != nil {
+		a.rollbackNetwork(cmd.Context(), provider, vmID)
 		return nil, nil, fmt.Errorf("create VM: %w", err)
 	}
 	return vm, b, nil

@@ -24,6 +24,9 @@ func (a *app) vmStart(cmd *cobra.Command, args []string) error {
 	if err != nil {
 		return err
 	}
+	for _, b := range order {
+		a.recoverNetworks(cmd.Context(), b, routed[b])
+	}
 	return a.batchRouted(cmd, "start", "started", order, routed, func(b *backend, refs []string) ([]string, error) {
 		return b.start(cmd.Context(), refs)
 	})
@@ -109,7 +112,7 @@ func (a *app) vmRM(cmd *cobra.Command, args []string) error {
 	}
 	if len(deleted) > 0 {
 		if err := a.releaseNetworks(cmd.Context(), deleted); err != nil {
-			return fmt.Errorf("vm(s) deleted but network cleanup failed: %w", err)
+			return err
 		}
 	}
 	if lastErr != nil {

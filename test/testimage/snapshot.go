@@ -230,9 +230,14 @@ func newSnapshotLayout(opts SnapshotOptions) *snapshotLayout {
 	return s
 }
 
-// cmdline is the direct-boot kernel command line cocoon gives a VM without NICs.
+// cmdline is the direct-boot kernel command line cocoon gave the source VM. Its NICs, if any,
+// had no static address (DHCP), so there is no ip= parameter, only the hostname.
 func (s *snapshotLayout) cmdline() string {
-	return "console=hvc0 loglevel=3 boot=cocoon-overlay cocoon.layers=cocoon-layer0 cocoon.cow=cocoon-cow clocksource=kvm-clock rw"
+	line := "console=hvc0 loglevel=3 boot=cocoon-overlay cocoon.layers=cocoon-layer0 cocoon.cow=cocoon-cow clocksource=kvm-clock rw"
+	if s.opts.NICs > 0 {
+		line += " net.ifnames=0 cocoon.hostname=" + s.opts.Name
+	}
+	return line
 }
 
 func (s *snapshotLayout) config() cocoon.SnapshotConfig {

@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -32,6 +33,8 @@ func (v *vmm) routes() http.Handler {
 	mux.HandleFunc("PUT /api/v1/vm.snapshot", v.handleSnapshot)
 	mux.HandleFunc("PUT /api/v1/vm.restore", v.handleRestore)
 	mux.HandleFunc("PUT /api/v1/vm.add-disk", v.handleAddDisk)
+	mux.HandleFunc("PUT /api/v1/vm.add-net", v.handleAddNet)
+	mux.HandleFunc("PUT /api/v1/vm.remove-device", v.handleRemoveDevice)
 	return mux
 }
 
@@ -78,6 +81,7 @@ func (v *vmm) handleShutdown(w http.ResponseWriter, _ *http.Request) {
 		return
 	}
 	v.state = stateShutdown
+	v.stopGuest()
 	v.logger.Printf("vm.shutdown: VM shut down")
 	w.WriteHeader(http.StatusNoContent)
 }
@@ -103,19 +107,29 @@ func (v *vmm) handlePause(w http.ResponseWriter, _ *http.Request) {
 	v.transition(w, stateRunning, statePaused)
 }
 
+// handleResume lets a paused guest run again. The first resume after vm.restore brings the
+// restored guest back: its OS starts with the network state it had, on the NICs the VM has now.
 func (v *vmm) handleResume(w http.ResponseWriter, _ *http.Request) {
 	v.mu.Lock()
-	announce := v.resumePending
-	v.resumePending = false
-	v.mu.Unlock()
-	if !v.transition(w, statePaused, stateRunning) {
+	defer v.mu.Unlock()
+	if v.state != statePaused {
+		apiError(w, "VM is %s, want %s", v.state, statePaused)
 		return
 	}
-	if announce {
+	if v.resumePending {
+		guestOS, err := v.resumeGuestOS(v.restoredNet, v.nicsInOrder(v.cfg))
+		if err != nil {
+			apiError(w, "vm.resume: %v", err)
+			return
+		}
+		v.os = guestOS
+		v.resumePending = false
 		v.console.Printf("%s cocoon-sim: resumed from snapshot", v.uptime())
 		v.printReady()
 		v.startBehaviours()
 	}
+	v.state = stateRunning
+	w.WriteHeader(http.StatusNoContent)
 }
 
 func (v *vmm) transition(w http.ResponseWriter, from, to string) bool {
@@ -160,16 +174,15 @@ func (v *vmm) writeSnapshot(dir string) error {
 			v.cfg.Disks[i].ID = fmt.Sprintf("_disk%d", i)
 		}
 	}
-	for i := range v.cfg.Nets {
-		if v.cfg.Nets[i].ID == "" {
-			v.cfg.Nets[i].ID = fmt.Sprintf("_net%d", i)
-		}
-	}
 	cfg, err := json.Marshal(v.cfg)
 	if err != nil {
 		return err
 	}
-	state, err := json.Marshal(map[string]any{"vm_name": v.name, "state": v.state, "cpus": v.cfg.CPUs.BootVCPUs})
+	netState := v.restoredNet
+	if v.os != nil {
+		netState = v.os.network()
+	}
+	state, err := json.Marshal(snapshotState{VMName: v.name, State: v.state, CPUs: v.cfg.CPUs.BootVCPUs, GuestNetwork: &netState})
 	if err != nil {
 		return err
 	}
@@ -198,15 +211,14 @@ func (v *vmm) handleRestore(w http.ResponseWriter, r *http.Request) {
 		apiError(w, "vm.restore: %v", err)
 		return
 	}
-	cfg, err := readSnapshot(dir)
+	cfg, netState, err := readSnapshot(dir)
 	if err != nil {
 		apiError(w, "vm.restore: %v", err)
 		return
 	}
 	v.mu.Lock()
-	exists := v.cfg != nil
-	v.mu.Unlock()
-	if exists {
+	defer v.mu.Unlock()
+	if v.cfg != nil {
 		apiError(w, "vm.restore: VM is already created")
 		return
 	}
@@ -220,37 +232,59 @@ func (v *vmm) handleRestore(w http.ResponseWriter, r *http.Request) {
 		apiError(w, "vm.restore: %v", err)
 		return
 	}
-	v.mu.Lock()
+	// The restored devices reopen the TAPs the snapshot names, as cloud-hypervisor does.
+	if _, err := v.openNICs(cfg); err != nil {
+		apiError(w, "vm.restore: %v", err)
+		return
+	}
 	v.cfg = cfg
 	v.state = statePaused
 	v.resumePending = true
-	v.mu.Unlock()
+	v.restoredNet = netState
 	v.logger.Printf("vm.restore: restored from %s (memory_restore_mode=%q)", dir, req.MemoryRestoreMode)
 	w.WriteHeader(http.StatusNoContent)
 }
 
-func readSnapshot(dir string) (*VMConfig, error) {
+// snapshotState is the simulator's state.json: what cloud-hypervisor keeps of device and guest
+// state, here the guest's network state.
+type snapshotState struct {
+	VMName       string        `json:"vm_name"`
+	State        string        `json:"state"`
+	CPUs         int           `json:"cpus,omitempty"`
+	GuestNetwork *guestNetwork `json:"guest_network,omitempty"`
+}
+
+// readSnapshot loads a snapshot's configuration and the guest's network state. A state.json
+// without one (a snapshot not made by the simulator) leaves the guest to what its boot args say.
+func readSnapshot(dir string) (*VMConfig, guestNetwork, error) {
 	data, err := os.ReadFile(filepath.Join(dir, snapshotConfigFile)) //nolint:gosec // snapshot dir
 	if err != nil {
-		return nil, err
+		return nil, guestNetwork{}, err
 	}
 	var cfg VMConfig
 	if err := json.Unmarshal(data, &cfg); err != nil {
-		return nil, fmt.Errorf("decode %s: %w", snapshotConfigFile, err)
+		return nil, guestNetwork{}, fmt.Errorf("decode %s: %w", snapshotConfigFile, err)
 	}
-	if _, err := os.Stat(filepath.Join(dir, snapshotStateFile)); err != nil {
-		return nil, err
+	stateData, err := os.ReadFile(filepath.Join(dir, snapshotStateFile)) //nolint:gosec // snapshot dir
+	if err != nil {
+		return nil, guestNetwork{}, err
+	}
+	var state snapshotState
+	if err := json.Unmarshal(stateData, &state); err != nil {
+		return nil, guestNetwork{}, fmt.Errorf("decode %s: %w", snapshotStateFile, err)
 	}
 	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return nil, err
+		return nil, guestNetwork{}, err
 	}
-	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), "memory-range") {
-			return &cfg, nil
-		}
+	if !slices.ContainsFunc(entries, func(e os.DirEntry) bool { return strings.HasPrefix(e.Name(), "memory-range") }) {
+		return nil, guestNetwork{}, errors.New("no memory-range file in snapshot")
 	}
-	return nil, errors.New("no memory-range file in snapshot")
+	if state.GuestNetwork != nil {
+		return &cfg, *state.GuestNetwork, nil
+	}
+	netState, err := networkFromBootArgs(&cfg, dir)
+	return &cfg, netState, err
 }
 
 func (v *vmm) handleAddDisk(w http.ResponseWriter, r *http.Request) {
@@ -268,6 +302,76 @@ func (v *vmm) handleAddDisk(w http.ResponseWriter, r *http.Request) {
 	disk.ID = fmt.Sprintf("_disk%d", len(v.cfg.Disks))
 	v.cfg.Disks = append(v.cfg.Disks, disk)
 	writeJSON(w, map[string]string{"id": disk.ID, "bdf": fmt.Sprintf("0000:00:%02x.0", 0x10+len(v.cfg.Disks))})
+}
+
+// handleAddNet hot-plugs a NIC: its TAP is opened at once and, if a guest runs, the guest gets
+// it. Like cloud-hypervisor it answers 200 with the new device's ID.
+func (v *vmm) handleAddNet(w http.ResponseWriter, r *http.Request) {
+	var n Net
+	if err := json.NewDecoder(r.Body).Decode(&n); err != nil {
+		apiError(w, "vm.add-net: %v", err)
+		return
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.cfg == nil {
+		apiError(w, "VM is not created")
+		return
+	}
+	if n.ID == "" || v.nics[n.ID] != nil {
+		n.ID = freeNetID(v.cfg)
+	}
+	dev, err := openNIC(n)
+	if err != nil {
+		apiError(w, "vm.add-net: %v", err)
+		return
+	}
+	if v.os != nil {
+		if err := v.os.plug(dev); err != nil {
+			dev.close()
+			apiError(w, "vm.add-net: %v", err)
+			return
+		}
+	}
+	v.nics[n.ID] = dev
+	v.cfg.Nets = append(v.cfg.Nets, n)
+	writeJSON(w, map[string]string{"id": n.ID, "bdf": fmt.Sprintf("0000:00:%02x.0", 0x10+len(v.cfg.Disks)+len(v.cfg.Nets))})
+}
+
+// handleRemoveDevice unplugs a NIC (closing its TAP, and taking it from the guest) or a disk.
+func (v *vmm) handleRemoveDevice(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		ID string `json:"id"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+		apiError(w, "vm.remove-device: %v", err)
+		return
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.cfg == nil {
+		apiError(w, "VM is not created")
+		return
+	}
+	isNet := func(n Net) bool { return n.ID == req.ID }
+	isDisk := func(d Disk) bool { return d.ID == req.ID }
+	switch {
+	case slices.ContainsFunc(v.cfg.Nets, isNet):
+		if v.os != nil {
+			v.os.unplug(req.ID)
+		}
+		if dev := v.nics[req.ID]; dev != nil {
+			dev.close()
+			delete(v.nics, req.ID)
+		}
+		v.cfg.Nets = slices.DeleteFunc(v.cfg.Nets, isNet)
+	case slices.ContainsFunc(v.cfg.Disks, isDisk):
+		v.cfg.Disks = slices.DeleteFunc(v.cfg.Disks, isDisk)
+	default:
+		apiError(w, "vm.remove-device: no device with id %q", req.ID)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
 }
 
 // decodeFileURL decodes a request whose target is a file:// URL and returns the local path.

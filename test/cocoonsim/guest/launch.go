@@ -10,17 +10,23 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // The simulator re-executes its own binary to run the hypervisor (cocoon does the same for its
 // console relay, with _COCOON_CONSOLE_RELAY=1). These variables select the role and carry what a
 // real guest would learn from its disks.
 const (
-	roleEnv   = "_COCOON_SIM_GUEST"
-	nameEnv   = "_COCOON_SIM_VM_NAME"
-	roleShim  = "shim"
-	roleVMM   = "vmm"
-	pidWaitOf = 5 * time.Second
+	roleEnv     = "_COCOON_SIM_GUEST"
+	nameEnv     = "_COCOON_SIM_VM_NAME"
+	hostnameEnv = "_COCOON_SIM_HOSTNAME"
+	roleShim    = "shim"
+	roleVMM     = "vmm"
+	roleGuestOS = "os"
+	pidWaitOf   = 5 * time.Second
+	// guestOSArgv0 names the guest OS process in ps and /proc/PID/cmdline.
+	guestOSArgv0 = "cocoon-sim-guest-os"
 )
 
 // LaunchOptions describes one hypervisor process.
@@ -95,12 +101,16 @@ func Main() (handled bool, exitCode int) {
 		return true, runShim(os.Args[1:])
 	case roleVMM:
 		return true, runVMM(os.Getenv(nameEnv), os.Args[1:])
+	case roleGuestOS:
+		return true, runGuestOS()
 	default:
 		return false, 0
 	}
 }
 
 // runShim starts the hypervisor as its child, reports the child's PID on fd 3 and waits for it.
+// As a child subreaper it also reaps what the hypervisor leaves behind (the guest OS process,
+// which ends on its own once the hypervisor is gone), and exits when nothing is left.
 func runShim(argv []string) int {
 	// fd 3 is the pid pipe; keep it out of the hypervisor so only the shim holds it.
 	syscall.CloseOnExec(3)
@@ -112,6 +122,10 @@ func runShim(argv []string) int {
 	self, err := os.Executable()
 	if err != nil {
 		fmt.Fprintf(report, "error: find own executable: %v\n", err) //nolint:errcheck
+		return 1
+	}
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		fmt.Fprintf(report, "error: become child subreaper: %v\n", err) //nolint:errcheck
 		return 1
 	}
 	vmm := &exec.Cmd{
@@ -128,5 +142,16 @@ func runShim(argv []string) int {
 	fmt.Fprintf(report, "%d\n", vmm.Process.Pid) //nolint:errcheck
 	_ = report.Close()
 	_ = vmm.Wait()
+	reapOrphans()
 	return 0
+}
+
+// reapOrphans waits for every remaining descendant the kernel hands the subreaper.
+func reapOrphans() {
+	for {
+		var status unix.WaitStatus
+		if _, err := unix.Wait4(-1, &status, 0, nil); errors.Is(err, unix.ECHILD) {
+			return
+		}
+	}
 }

@@ -38,9 +38,13 @@ type vmm struct {
 	mu    sync.Mutex
 	cfg   *VMConfig // nil until the VM is booted or restored
 	state string
-	// resumePending is set by vm.restore: the guest announces itself on the first vm.resume.
+	// resumePending is set by vm.restore: the guest comes back on the first vm.resume, with the
+	// network state restoredNet it had when the snapshot was taken.
 	resumePending bool
+	restoredNet   guestNetwork
 	console       *console
+	nics          map[string]*nic // open virtio-net devices by ID
+	os            guestOS         // nil while no guest runs
 }
 
 // runVMM is the hypervisor process: it parses cloud-hypervisor arguments, boots the VM when they
@@ -60,6 +64,7 @@ func runVMM(name string, args []string) int {
 		exit:   make(chan int, 1),
 		booted: time.Now(),
 		state:  stateCreated,
+		nics:   map[string]*nic{},
 	}
 	if v.spec, err = ReadSpec(v.runDir); err != nil {
 		logger.Printf("guest behaviour: %v", err)
@@ -100,18 +105,37 @@ func runVMM(name string, args []string) int {
 }
 
 // boot brings up a VM from its configuration: console first (vm.info must report it as soon as
-// the API answers), then the banner and the behaviours.
+// the API answers), then the NICs' TAPs, then the guest OS on them, then the behaviours.
 func (v *vmm) boot(cfg *VMConfig) error {
 	if err := v.attachConsole(cfg); err != nil {
+		return err
+	}
+	nics, err := v.openNICs(cfg)
+	if err != nil {
+		return err
+	}
+	guestOS, err := v.bootGuestOS(cfg, nics)
+	if err != nil {
+		v.closeNICs()
 		return err
 	}
 	v.mu.Lock()
 	v.cfg = cfg
 	v.state = stateRunning
+	v.os = guestOS
 	v.mu.Unlock()
-	v.printBanner(cfg)
 	v.startBehaviours()
 	return nil
+}
+
+// stopGuest ends the guest OS and closes the NICs, as a VM that shuts down releases its
+// devices. The caller holds v.mu.
+func (v *vmm) stopGuest() {
+	if v.os != nil {
+		v.os.stop()
+		v.os = nil
+	}
+	v.closeNICs()
 }
 
 // attachConsole opens the device the configuration asks for: the virtio-console PTY (direct
@@ -149,7 +173,6 @@ func (v *vmm) printBanner(cfg *VMConfig) {
 		c.Printf("[    0.120000] virtio_blk virtio%d: [vd%c] %s", i+1, 'a'+rune(i%26), filepath.Base(d.Path))
 	}
 	c.Printf("[    0.500000] Run /sbin/init as init process")
-	v.printReady()
 }
 
 func (v *vmm) printReady() {

@@ -1,0 +1,46 @@
+package guest
+
+import "fmt"
+
+// bootGuestOS starts the operating system of a cold-booted VM behind its NICs, whose TAP queues
+// the hypervisor has already opened (in nics order, cfg.Nets order).
+//
+// This is the one place that decides what runs inside the VM. Today it is always the simulated
+// guest OS, which reads its network from the boot args as a guest would. A real-kernel engine
+// plugs in here: when cfg.Payload.Kernel is a real bzImage it would run that kernel (with
+// cfg.Payload's initramfs and command line, cfg.CPUs and cfg.Memory, and v.console as its
+// console) under QEMU on the same open TAP queues and MACs (nics[i].queues, nics[i].net.Mac),
+// and return itself as the guestOS. Snapshot restore (resumeGuestOS) stays simulated.
+func (v *vmm) bootGuestOS(cfg *VMConfig, nics []*nic) (guestOS, error) {
+	netState, err := networkFromBootArgs(cfg, v.runDir)
+	if err != nil {
+		return nil, err
+	}
+	v.printBanner(cfg)
+	s, err := v.startSimulatedGuest(netState, nics)
+	if err != nil {
+		return nil, err
+	}
+	v.printReady()
+	return s, nil
+}
+
+// resumeGuestOS brings back the guest of a restored snapshot when it first resumes: with the
+// network state it had, on the NICs the VM has now.
+func (v *vmm) resumeGuestOS(netState guestNetwork, nics []*nic) (guestOS, error) {
+	return v.startSimulatedGuest(netState, nics)
+}
+
+func (v *vmm) startSimulatedGuest(netState guestNetwork, nics []*nic) (guestOS, error) {
+	s, err := startSimulatedOS(v.logger, v.name, netState)
+	if err != nil {
+		return nil, err
+	}
+	for _, dev := range nics {
+		if err := s.plug(dev); err != nil {
+			s.stop()
+			return nil, fmt.Errorf("plug NIC %s (TAP %s): %w", dev.net.ID, dev.net.Tap, err)
+		}
+	}
+	return s, nil
+}

@@ -1,0 +1,258 @@
+package guest
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/internal/nsthread"
+)
+
+// guestOSStartTimeout bounds how long the guest OS process may take to come up.
+const guestOSStartTimeout = 20 * time.Second
+
+// guestOS is what runs inside the VM while it runs, behind the hypervisor's devices.
+type guestOS interface {
+	// plug gives the running guest a NIC: at boot, or hot-plugged.
+	plug(dev *nic) error
+	// unplug takes the NIC with this device ID away again.
+	unplug(id string)
+	// network is the guest's network state, which a snapshot keeps.
+	network() guestNetwork
+	// stop ends the guest; the hypervisor process goes on.
+	stop()
+}
+
+// simulatedOS is the stand-in guest operating system: a process in network and UTS namespaces of
+// its own, with one eth<i> per NIC relayed to the NIC's TAP. Its namespaces and interfaces exist
+// only while that process and the hypervisor live.
+type simulatedOS struct {
+	logger   *log.Logger
+	netState guestNetwork
+	proc     *exec.Cmd
+	exited   chan struct{}
+	lifeline *os.File // write end; closing it ends the guest
+	guestNS  netns.NsHandle
+	relayNS  netns.NsHandle
+
+	mu    sync.Mutex
+	links map[string]*nicLink // by device ID
+}
+
+// startSimulatedOS starts the guest OS process with the hostname of netState and waits until it
+// listens. It has no NIC yet.
+func startSimulatedOS(logger *log.Logger, vmName string, netState guestNetwork) (_ *simulatedOS, err error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("find own executable: %w", err)
+	}
+	lifeR, lifeW, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("lifeline pipe: %w", err)
+	}
+	defer lifeR.Close() //nolint:errcheck
+	readyR, readyW, err := os.Pipe()
+	if err != nil {
+		_ = lifeW.Close()
+		return nil, fmt.Errorf("ready pipe: %w", err)
+	}
+	defer readyR.Close() //nolint:errcheck
+	hostname := netState.Hostname
+	if hostname == "" {
+		hostname = "localhost"
+	}
+	proc := &exec.Cmd{
+		Path:        self,
+		Args:        []string{guestOSArgv0, vmName},
+		Env:         append(os.Environ(), roleEnv+"="+roleGuestOS, hostnameEnv+"="+hostname),
+		ExtraFiles:  []*os.File{lifeR, readyW},
+		Stdout:      os.Stderr,
+		Stderr:      os.Stderr,
+		SysProcAttr: &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET | syscall.CLONE_NEWUTS},
+	}
+	startErr := proc.Start()
+	_ = readyW.Close()
+	if startErr != nil {
+		_ = lifeW.Close()
+		return nil, fmt.Errorf("start guest OS: %w", startErr)
+	}
+	s := &simulatedOS{
+		logger: logger, netState: netState, proc: proc, exited: make(chan struct{}), lifeline: lifeW,
+		guestNS: netns.None(), relayNS: netns.None(), links: map[string]*nicLink{},
+	}
+	go func() {
+		_ = proc.Wait()
+		close(s.exited)
+	}()
+	defer func() {
+		if err != nil {
+			s.stop()
+		}
+	}()
+	if err := awaitReady(readyR); err != nil {
+		return nil, fmt.Errorf("guest OS: %w", err)
+	}
+	if s.guestNS, err = netns.GetFromPid(proc.Process.Pid); err != nil {
+		return nil, fmt.Errorf("guest netns: %w", err)
+	}
+	if s.relayNS, err = nsthread.New(); err != nil {
+		return nil, fmt.Errorf("relay netns: %w", err)
+	}
+	if err := nsthread.In(s.relayNS, disableIPv6); err != nil {
+		return nil, fmt.Errorf("relay netns: %w", err)
+	}
+	if err := s.inGuest(func(h *netlink.Handle) error { return setLinkUp(h, "lo") }); err != nil {
+		return nil, err
+	}
+	logger.Printf("guest OS up (pid %d, hostname %s)", proc.Process.Pid, hostname)
+	return s, nil
+}
+
+func awaitReady(r *os.File) error {
+	_ = r.SetReadDeadline(time.Now().Add(guestOSStartTimeout))
+	line, err := bufio.NewReader(r).ReadString('\n')
+	if err != nil {
+		return fmt.Errorf("no word from the guest OS process: %w", err)
+	}
+	if msg, failed := strings.CutPrefix(strings.TrimSpace(line), "error: "); failed {
+		return errors.New(msg)
+	}
+	return nil
+}
+
+// inGuest runs fn with a netlink handle inside the guest's network namespace.
+func (s *simulatedOS) inGuest(fn func(*netlink.Handle) error) error {
+	h, err := netlink.NewHandleAt(s.guestNS)
+	if err != nil {
+		return fmt.Errorf("netlink in guest netns: %w", err)
+	}
+	defer h.Close()
+	return fn(h)
+}
+
+// plug connects the NIC as the lowest free eth<i> (net.ifnames=0 naming) and configures it as the
+// guest's network state says: address, up, default route; no entry leaves it up without address.
+func (s *simulatedOS) plug(dev *nic) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ifName := s.freeIfName()
+	l, err := linkNIC(dev, ifName, s.guestNS, s.relayNS)
+	if err != nil {
+		return err
+	}
+	if err := s.inGuest(func(h *netlink.Handle) error { return configureInterface(h, ifName, s.netState.Interfaces[ifName]) }); err != nil {
+		l.close()
+		return err
+	}
+	s.links[dev.net.ID] = l
+	return nil
+}
+
+func (s *simulatedOS) freeIfName() string {
+	used := map[string]bool{}
+	for _, l := range s.links {
+		used[l.ifName] = true
+	}
+	for i := 0; ; i++ {
+		if name := fmt.Sprintf("eth%d", i); !used[name] {
+			return name
+		}
+	}
+}
+
+func (s *simulatedOS) unplug(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if l := s.links[id]; l != nil {
+		l.close()
+		delete(s.links, id)
+	}
+}
+
+func (s *simulatedOS) network() guestNetwork { return s.netState }
+
+// stop unplugs every NIC and ends the guest OS process.
+func (s *simulatedOS) stop() {
+	s.mu.Lock()
+	for id, l := range s.links {
+		l.close()
+		delete(s.links, id)
+	}
+	s.mu.Unlock()
+	_ = s.lifeline.Close()
+	_ = s.proc.Process.Kill()
+	<-s.exited
+	if s.guestNS.IsOpen() {
+		_ = s.guestNS.Close()
+	}
+	if s.relayNS.IsOpen() {
+		_ = s.relayNS.Close()
+	}
+}
+
+// disableIPv6 keeps the interfaces created later in the current network namespace from
+// autoconfiguring IPv6: the relay ends must send nothing of their own into the guest. A kernel
+// without IPv6 has nothing to disable.
+func disableIPv6() error {
+	for _, conf := range []string{"all", "default"} {
+		err := os.WriteFile("/proc/sys/net/ipv6/conf/"+conf+"/disable_ipv6", []byte("1"), 0o644) //nolint:gosec // sysctl
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("disable IPv6: %w", err)
+		}
+	}
+	return nil
+}
+
+func setLinkUp(h *netlink.Handle, name string) error {
+	link, err := h.LinkByName(name)
+	if err != nil {
+		return fmt.Errorf("find %s: %w", name, err)
+	}
+	if err := h.LinkSetUp(link); err != nil {
+		return fmt.Errorf("set %s up: %w", name, err)
+	}
+	return nil
+}
+
+// configureInterface gives the guest interface its static address and default route, as the
+// kernel's ip= autoconfiguration or cloud-init would; an empty config only brings it up.
+func configureInterface(h *netlink.Handle, name string, c ipv4Config) error {
+	link, err := h.LinkByName(name)
+	if err != nil {
+		return fmt.Errorf("find %s: %w", name, err)
+	}
+	if c.Address != "" {
+		addr, err := netlink.ParseAddr(c.Address)
+		if err != nil {
+			return fmt.Errorf("%s address %q: %w", name, c.Address, err)
+		}
+		if err := h.AddrAdd(link, addr); err != nil {
+			return fmt.Errorf("add %s to %s: %w", c.Address, name, err)
+		}
+	}
+	if err := h.LinkSetUp(link); err != nil {
+		return fmt.Errorf("set %s up: %w", name, err)
+	}
+	gw := net.ParseIP(c.Gateway)
+	if c.Address == "" || gw == nil {
+		return nil
+	}
+	// Only the first NIC with a gateway gets the default route, as only one ip= takes effect.
+	err = h.RouteAdd(&netlink.Route{LinkIndex: link.Attrs().Index, Gw: gw})
+	if err != nil && !errors.Is(err, syscall.EEXIST) {
+		return fmt.Errorf("default route via %s on %s: %w", gw, name, err)
+	}
+	return nil
+}
