@@ -14,14 +14,14 @@ import (
 // RemoveContainer removes the VM (forcibly if it runs, as the CRI asks) and the record. Removing a
 // missing container succeeds.
 func (s *Server) RemoveContainer(ctx context.Context, req *runtimeapi.RemoveContainerRequest) (*runtimeapi.RemoveContainerResponse, error) {
-	c, _, unlock, err := s.lockContainer(req.GetContainerId())
+	c, sb, unlock, err := s.lockContainer(req.GetContainerId())
 	if err != nil {
 		if isNotFound(err) {
 			return &runtimeapi.RemoveContainerResponse{}, nil
 		}
 		return nil, toStatus(err)
 	}
-	err = s.removeContainer(ctx, c)
+	err = s.removeContainer(ctx, sb, c)
 	unlock()
 	if err != nil {
 		return nil, toStatus(err)
@@ -33,15 +33,17 @@ func (s *Server) RemoveContainer(ctx context.Context, req *runtimeapi.RemoveCont
 	return &runtimeapi.RemoveContainerResponse{}, nil
 }
 
-// removeContainer deletes the container's VM and record. The caller holds the sandbox lock.
-func (s *Server) removeContainer(ctx context.Context, c *store.Container) error {
+// removeContainer deletes the container's VM and record. cocoon's CNI DEL on the VM's network runs
+// the attach plugin, which hands a running VM's pod interface back. The caller holds the sandbox
+// lock.
+func (s *Server) removeContainer(ctx context.Context, sb *store.Sandbox, c *store.Container) error {
 	// A container that never recorded a VM ID may still have a VM from a start a crash cut short:
 	// its name is deterministic.
 	ref := c.VM.ID
 	if ref == "" {
 		ref = c.VM.Name
 	}
-	if err := s.cocoon.VMRemove(ctx, ref, true); err != nil && !errors.Is(err, cocoon.ErrNotFound) {
+	if err := s.cocoonFor(sb).VMRemove(ctx, ref, true); err != nil && !errors.Is(err, cocoon.ErrNotFound) {
 		return fmt.Errorf("remove VM %s: %w", ref, err)
 	}
 	if err := s.store.Containers.Delete(c.ID); err != nil && !errors.Is(err, store.ErrNotFound) {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
+	"github.com/cocoonstack/cocoon-cri/tapmanager"
 )
 
 // Exit status of a container whose VM could not be started, as containerd reports it.
@@ -39,10 +40,10 @@ func (s *Server) StartContainer(ctx context.Context, req *runtimeapi.StartContai
 	}
 
 	log := s.log.With("container", c.ID, "sandbox", sb.ID, "vm", c.VM.Name)
-	vm, err := s.launchVM(ctx, c)
+	vm, err := s.launchVM(ctx, sb, c)
 	if err != nil {
 		log.Error("VM did not start", "err", err)
-		s.cleanUpFailedStart(c)
+		s.cleanUpFailedStart(sb, c)
 		if _, recErr := s.store.Containers.Modify(c.ID, func(r *store.Container) error {
 			r.State, r.FinishedAt = store.ContainerExited, s.now()
 			r.ExitCode, r.Reason, r.Message = startErrorExitCode, reasonStartError, err.Error()
@@ -55,7 +56,7 @@ func (s *Server) StartContainer(ctx context.Context, req *runtimeapi.StartContai
 	}
 	if _, err := s.store.Containers.Modify(c.ID, func(r *store.Container) error {
 		r.State, r.StartedAt = store.ContainerRunning, s.now()
-		r.VM.ID, r.VM.PID = vm.ID, vm.PID
+		r.VM.ID, r.VM.PID, r.VM.NetNS = vm.ID, vm.PID, vmNetNS(vm)
 		return nil
 	}); err != nil {
 		return nil, toStatus(fmt.Errorf("record container running: %w", err))
@@ -66,30 +67,37 @@ func (s *Server) StartContainer(ctx context.Context, req *runtimeapi.StartContai
 
 // launchVM makes the VM. A VM already holding the container's name is the leftover of a start
 // that was cut short (the container is still CREATED): it is removed and the start made again.
-func (s *Server) launchVM(ctx context.Context, c *store.Container) (*cocoon.VM, error) {
-	vm, err := s.makeVM(ctx, c)
+func (s *Server) launchVM(ctx context.Context, sb *store.Sandbox, c *store.Container) (*cocoon.VM, error) {
+	cc := s.cocoonFor(sb)
+	vm, err := s.makeVM(ctx, cc, c)
 	if errors.Is(err, cocoon.ErrAlreadyExists) {
 		s.log.Warn("removing a VM left by an interrupted start", "container", c.ID, "vm", c.VM.Name)
-		if rmErr := s.cocoon.VMRemove(ctx, c.VM.Name, true); rmErr != nil && !errors.Is(rmErr, cocoon.ErrNotFound) {
+		if rmErr := cc.VMRemove(ctx, c.VM.Name, true); rmErr != nil && !errors.Is(rmErr, cocoon.ErrNotFound) {
 			return nil, fmt.Errorf("remove leftover VM %s: %w", c.VM.Name, rmErr)
 		}
-		vm, err = s.makeVM(ctx, c)
+		vm, err = s.makeVM(ctx, cc, c)
 	}
 	return vm, err
 }
 
-func (s *Server) makeVM(ctx context.Context, c *store.Container) (*cocoon.VM, error) {
+// makeVM makes the VM on the sandbox's network: one NIC on tapmanager.CocoonNetwork, whose attach
+// plugin hands the pod interface to cocoon.
+func (s *Server) makeVM(ctx context.Context, cc *cocoon.Client, c *store.Container) (*cocoon.VM, error) {
 	spec := c.VM
 	if spec.Mode == store.VMClone {
-		opts := cocoon.CloneOptions{Name: spec.Name, Storage: spec.Storage, NoDirectIO: spec.NoDirectIO, OnDemand: spec.OnDemand, Pull: spec.PullBase}
+		opts := cocoon.CloneOptions{
+			Name: spec.Name, Storage: spec.Storage, NICs: spec.NICs, Network: tapmanager.CocoonNetwork,
+			NoDirectIO: spec.NoDirectIO, OnDemand: spec.OnDemand, Pull: spec.PullBase,
+		}
 		if spec.Backend != cocoon.HypervisorFirecracker {
 			// Firecracker cannot resize a restored VM and refuses the flags; the plan kept its size.
 			opts.CPU, opts.Memory = spec.CPU, spec.Memory
 		}
-		return s.cocoon.VMClone(ctx, spec.Source, opts)
+		return cc.VMClone(ctx, spec.Source, opts)
 	}
-	created, err := s.cocoon.VMCreate(ctx, spec.Source, cocoon.CreateOptions{
+	created, err := cc.VMCreate(ctx, spec.Source, cocoon.CreateOptions{
 		Name: spec.Name, CPU: spec.CPU, Memory: spec.Memory, Storage: spec.Storage,
+		NICs: spec.NICs, Network: tapmanager.CocoonNetwork,
 		NoDirectIO: spec.NoDirectIO, Windows: spec.Windows, Firecracker: spec.Backend == cocoon.HypervisorFirecracker,
 	})
 	if err != nil {
@@ -99,18 +107,27 @@ func (s *Server) makeVM(ctx context.Context, c *store.Container) (*cocoon.VM, er
 	if _, err := s.store.Containers.Modify(c.ID, func(r *store.Container) error { r.VM.ID = created.ID; return nil }); err != nil {
 		return nil, fmt.Errorf("record VM %s: %w", created.ID, err)
 	}
-	if err := s.cocoon.VMStart(ctx, created.ID); err != nil {
+	if err := cc.VMStart(ctx, created.ID); err != nil {
 		return nil, err
 	}
-	return s.cocoon.VMInspect(ctx, created.ID)
+	return cc.VMInspect(ctx, created.ID)
+}
+
+// vmNetNS is the namespace cocoon made for the VM's NIC.
+func vmNetNS(vm *cocoon.VM) string {
+	if len(vm.NetworkConfigs) == 0 || vm.NetworkConfigs[0] == nil {
+		return ""
+	}
+	return vm.NetworkConfigs[0].NetnsPath
 }
 
 // cleanUpFailedStart removes whatever VM the failed start left (cocoon keeps a VM whose start
-// failed, in state error). It has its own deadline: the RPC's may be what ran out.
-func (s *Server) cleanUpFailedStart(c *store.Container) {
+// failed, in state error); its removal hands the pod interface back. It has its own deadline: the
+// RPC's may be what ran out.
+func (s *Server) cleanUpFailedStart(sb *store.Sandbox, c *store.Container) {
 	ctx, cancel := context.WithTimeout(context.Background(), cocoon.DefaultTimeout)
 	defer cancel()
-	if err := s.cocoon.VMRemove(ctx, c.VM.Name, true); err != nil && !errors.Is(err, cocoon.ErrNotFound) {
+	if err := s.cocoonFor(sb).VMRemove(ctx, c.VM.Name, true); err != nil && !errors.Is(err, cocoon.ErrNotFound) {
 		s.log.Error("could not remove the VM of a failed start", "container", c.ID, "vm", c.VM.Name, "err", err)
 	}
 }

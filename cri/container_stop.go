@@ -28,7 +28,7 @@ func (s *Server) StopContainer(ctx context.Context, req *runtimeapi.StopContaine
 	if req.GetTimeout() < 0 {
 		return nil, invalid("timeout must not be negative, got %d", req.GetTimeout())
 	}
-	c, _, unlock, err := s.lockContainer(req.GetContainerId())
+	c, sb, unlock, err := s.lockContainer(req.GetContainerId())
 	if err != nil {
 		if isNotFound(err) {
 			return &runtimeapi.StopContainerResponse{}, nil
@@ -39,17 +39,18 @@ func (s *Server) StopContainer(ctx context.Context, req *runtimeapi.StopContaine
 	if c.State != store.ContainerRunning {
 		return &runtimeapi.StopContainerResponse{}, nil
 	}
-	if err := s.stopVM(ctx, c, time.Duration(req.GetTimeout())*time.Second); err != nil {
+	if err := s.stopVM(ctx, sb, c, time.Duration(req.GetTimeout())*time.Second); err != nil {
 		return nil, toStatus(err)
 	}
 	return &runtimeapi.StopContainerResponse{}, nil
 }
 
-// stopVM stops a running container's VM and records the container EXITED. The caller holds the
-// sandbox lock.
-func (s *Server) stopVM(ctx context.Context, c *store.Container, timeout time.Duration) error {
+// stopVM stops a running container's VM, takes the pod interface back from it, and records the
+// container EXITED. The record changes last, so a failure is retried by the kubelet's next stop.
+// The caller holds the sandbox lock.
+func (s *Server) stopVM(ctx context.Context, sb *store.Sandbox, c *store.Container, timeout time.Duration) error {
 	start := s.nowFunc()
-	err := s.cocoon.VMStop(ctx, c.VM.ID, cocoon.StopOptions{Force: timeout == 0, Timeout: timeout})
+	err := s.cocoonFor(sb).VMStop(ctx, c.VM.ID, cocoon.StopOptions{Force: timeout == 0, Timeout: timeout})
 	took := s.nowFunc().Sub(start)
 
 	exitCode, reason, message := int32(0), reasonCompleted, "VM powered off"
@@ -62,6 +63,9 @@ func (s *Server) stopVM(ctx context.Context, c *store.Container, timeout time.Du
 		exitCode, reason, message = killedExitCode, reasonError, "VM stopped forcibly (timeout 0)"
 	case took >= timeout:
 		exitCode, reason, message = killedExitCode, reasonError, fmt.Sprintf("the guest did not power off within %s; cocoon stopped the VM forcibly", timeout)
+	}
+	if err := s.reclaimInterface(sb, c); err != nil {
+		return err
 	}
 	if _, err := s.store.Containers.Modify(c.ID, func(r *store.Container) error {
 		r.State, r.FinishedAt = store.ContainerExited, s.now()

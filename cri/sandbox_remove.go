@@ -33,9 +33,15 @@ func (s *Server) removeSandbox(ctx context.Context, id string) error {
 	}
 	defer unlock()
 	for _, c := range s.sandboxContainers(sb.ID) {
-		if err := s.removeContainer(ctx, c); err != nil {
+		if err := s.removeContainer(ctx, sb, c); err != nil {
 			return fmt.Errorf("remove container %s: %w", c.ID, err)
 		}
+	}
+	if err := s.detachSandbox(ctx, sb); err != nil {
+		return err
+	}
+	if err := s.net.RemoveCocoon(sb.ID); err != nil {
+		return err
 	}
 	if sb.NetNS != "" {
 		if err := s.net.RemoveNetNS(sb.NetNS); err != nil {

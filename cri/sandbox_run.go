@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/containernetworking/cni/libcni"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/cocoonstack/cocoon-cri/pkg/faultpoint"
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
 )
 
@@ -25,6 +27,10 @@ func (s *Server) RunPodSandbox(ctx context.Context, req *runtimeapi.RunPodSandbo
 	if holder, ok := s.store.Sandboxes.Lookup(store.SandboxNameKey(name)); ok {
 		return nil, alreadyExists("sandbox name %q is already reserved for sandbox %s", name, holder.ID)
 	}
+	network, err := s.loadNetwork(vmOpts.Network)
+	if err != nil {
+		return nil, toStatus(err)
+	}
 
 	id := newID()
 	sb := &store.Sandbox{
@@ -36,6 +42,7 @@ func (s *Server) RunPodSandbox(ctx context.Context, req *runtimeapi.RunPodSandbo
 		NetNS:          s.net.NetNSPath(id),
 		CreatedAt:      s.now(),
 		VM:             vmOpts,
+		Network:        &store.PodNetwork{ConfList: network.Bytes},
 	}
 	if err := s.store.Sandboxes.Create(sb); err != nil {
 		if errors.Is(err, store.ErrExists) {
@@ -44,24 +51,30 @@ func (s *Server) RunPodSandbox(ctx context.Context, req *runtimeapi.RunPodSandbo
 		return nil, toStatus(fmt.Errorf("record sandbox: %w", err))
 	}
 	log := s.log.With("sandbox", id, "pod", cfg.GetMetadata().GetNamespace()+"/"+cfg.GetMetadata().GetName())
+	faultpoint.Hit(faultpoint.SandboxRecorded)
 
-	if err := s.setUpSandbox(sb); err != nil {
+	if err := s.setUpSandbox(ctx, sb, network); err != nil {
 		log.Error("RunPodSandbox failed, rolling back", "err", err)
-		if rbErr := s.rollbackSandbox(sb); rbErr != nil {
+		if rbErr := s.rollbackSandbox(context.WithoutCancel(ctx), sb); rbErr != nil {
 			log.Error("rollback failed; recovery will retry it at the next start", "err", rbErr)
 		}
 		return nil, toStatus(err)
 	}
-	log.Info("sandbox ready", "netns", sb.NetNS)
+	log.Info("sandbox ready", "netns", sb.NetNS, "network", network.Name, "ips", sb.Network.IPs)
 	return &runtimeapi.RunPodSandboxResponse{PodSandboxId: id}, nil
 }
 
-func (s *Server) setUpSandbox(sb *store.Sandbox) error {
+func (s *Server) setUpSandbox(ctx context.Context, sb *store.Sandbox, network *libcni.NetworkConfigList) error {
 	if err := s.net.CreateNetNS(sb.NetNS); err != nil {
 		return fmt.Errorf("create network namespace: %w", err)
 	}
+	faultpoint.Hit(faultpoint.SandboxNetNSCreated)
+	if err := s.attachSandbox(ctx, sb, network); err != nil {
+		return err
+	}
+	faultpoint.Hit(faultpoint.SandboxCocoonReady)
 	if _, err := s.store.Sandboxes.Modify(sb.ID, func(r *store.Sandbox) error {
-		r.State = store.SandboxReady
+		r.State, r.Network = store.SandboxReady, sb.Network
 		return nil
 	}); err != nil {
 		return fmt.Errorf("record sandbox ready: %w", err)
@@ -69,8 +82,15 @@ func (s *Server) setUpSandbox(sb *store.Sandbox) error {
 	return nil
 }
 
-// rollbackSandbox undoes a RunPodSandbox that did not finish.
-func (s *Server) rollbackSandbox(sb *store.Sandbox) error {
+// rollbackSandbox undoes a RunPodSandbox that did not finish. CNI DEL runs whether or not ADD got
+// through: a crash may have cut it short after the IP was leased.
+func (s *Server) rollbackSandbox(ctx context.Context, sb *store.Sandbox) error {
+	if err := s.detachSandbox(ctx, sb); err != nil {
+		return err
+	}
+	if err := s.net.RemoveCocoon(sb.ID); err != nil {
+		return err
+	}
 	if sb.NetNS != "" {
 		if err := s.net.RemoveNetNS(sb.NetNS); err != nil {
 			return fmt.Errorf("remove network namespace: %w", err)

@@ -25,7 +25,7 @@ func (s *Server) PodSandboxStatus(_ context.Context, req *runtimeapi.PodSandboxS
 		Timestamp:          s.now(),
 	}
 	if req.GetVerbose() {
-		if resp.Info, err = verboseInfo(sandboxInfo{NetNS: sb.NetNS, VM: sb.VM, RuntimeHandler: sb.RuntimeHandler, Config: sb.Config.Msg}); err != nil {
+		if resp.Info, err = verboseInfo(sandboxInfo{NetNS: sb.NetNS, Network: sb.Network, VM: sb.VM, RuntimeHandler: sb.RuntimeHandler, Config: sb.Config.Msg}); err != nil {
 			return nil, err
 		}
 	}
@@ -35,6 +35,7 @@ func (s *Server) PodSandboxStatus(_ context.Context, req *runtimeapi.PodSandboxS
 // sandboxInfo is the verbose status, for people debugging a pod.
 type sandboxInfo struct {
 	NetNS          string                       `json:"netns"`
+	Network        *store.PodNetwork            `json:"network,omitempty"`
 	RuntimeHandler string                       `json:"runtimeHandler"`
 	VM             store.VMOptions              `json:"vmOptions"`
 	Config         *runtimeapi.PodSandboxConfig `json:"config"`
@@ -66,7 +67,7 @@ func sandboxStatus(sb *store.Sandbox) *runtimeapi.PodSandboxStatus {
 		Metadata:  cfg.GetMetadata(),
 		State:     sandboxState(sb.State),
 		CreatedAt: sb.CreatedAt,
-		Network:   &runtimeapi.PodSandboxNetworkStatus{},
+		Network:   sandboxNetworkStatus(sb),
 		Linux: &runtimeapi.LinuxPodSandboxStatus{Namespaces: &runtimeapi.Namespace{Options: &runtimeapi.NamespaceOption{
 			Network: runtimeapi.NamespaceMode_POD,
 			Pid:     podPIDMode(cfg),
@@ -92,4 +93,18 @@ func sandboxState(st store.SandboxState) runtimeapi.PodSandboxState {
 		return runtimeapi.PodSandboxState_SANDBOX_READY
 	}
 	return runtimeapi.PodSandboxState_SANDBOX_NOTREADY
+}
+
+// sandboxNetworkStatus reports the pod's addresses while it is attached: the primary IP, and the
+// others (dual stack) as additional IPs.
+func sandboxNetworkStatus(sb *store.Sandbox) *runtimeapi.PodSandboxNetworkStatus {
+	st := &runtimeapi.PodSandboxNetworkStatus{}
+	if sb.Network == nil || sb.Network.Released || len(sb.Network.IPs) == 0 {
+		return st
+	}
+	st.Ip = sb.Network.IPs[0]
+	for _, ip := range sb.Network.IPs[1:] {
+		st.AdditionalIps = append(st.AdditionalIps, &runtimeapi.PodIP{Ip: ip})
+	}
+	return st
 }

@@ -26,9 +26,12 @@ func (s *Server) StopPodSandbox(ctx context.Context, req *runtimeapi.StopPodSand
 		if c.State != store.ContainerRunning {
 			continue
 		}
-		if err := s.stopVM(ctx, c, 0); err != nil {
+		if err := s.stopVM(ctx, sb, c, 0); err != nil {
 			return nil, toStatus(fmt.Errorf("stop container %s: %w", c.ID, err))
 		}
+	}
+	if err := s.detachSandbox(ctx, sb); err != nil {
+		return nil, toStatus(err)
 	}
 	if sb.State != store.SandboxNotReady {
 		if _, err := s.store.Sandboxes.Modify(sb.ID, func(r *store.Sandbox) error {

@@ -20,6 +20,7 @@ import (
 	"github.com/cocoonstack/cocoon-cri/pkg/keylock"
 	"github.com/cocoonstack/cocoon-cri/pkg/refresh"
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
+	"github.com/cocoonstack/cocoon-cri/tapmanager"
 )
 
 // Names the runtime reports about itself.
@@ -58,35 +59,25 @@ const (
 	MinStorage int64 = 10 << 30
 )
 
-// Networks creates and removes pod network namespaces.
-type Networks interface {
-	// NetNSPath is where the sandbox's namespace lives. It is recorded before the namespace is
-	// made, so a crash in between leaves nothing that recovery cannot find.
-	NetNSPath(sandboxID string) string
-	// CreateNetNS makes the namespace at path.
-	CreateNetNS(path string) error
-	// RemoveNetNS removes it; a missing namespace is not an error.
-	RemoveNetNS(path string) error
-}
-
 // Server implements runtimeapi.RuntimeServiceServer and runtimeapi.ImageServiceServer.
 type Server struct {
 	runtimeapi.UnsafeRuntimeServiceServer
 	runtimeapi.UnsafeImageServiceServer
 
-	cfg     Config
-	log     *slog.Logger
-	store   *store.Store
-	cocoon  *cocoon.Client
-	net     Networks
-	images  *imagestore.Service
-	locks   keylock.Map
-	health  *refresh.Value[*cocoon.VersionInfo]
-	nowFunc func() time.Time
+	cfg      Config
+	log      *slog.Logger
+	store    *store.Store
+	cocoon   *cocoon.Client
+	net      *tapmanager.Manager
+	images   *imagestore.Service
+	locks    keylock.Map
+	health   *refresh.Value[*cocoon.VersionInfo]
+	netReady *refresh.Value[struct{}]
+	nowFunc  func() time.Time
 }
 
 // New returns a server over the given components.
-func New(cfg Config, log *slog.Logger, st *store.Store, cc *cocoon.Client, nets Networks, images *imagestore.Service) *Server {
+func New(cfg Config, log *slog.Logger, st *store.Store, cc *cocoon.Client, nets *tapmanager.Manager, images *imagestore.Service) *Server {
 	if cfg.HostCPUs <= 0 {
 		cfg.HostCPUs = runtime.NumCPU()
 	}
@@ -104,7 +95,10 @@ func New(cfg Config, log *slog.Logger, st *store.Store, cc *cocoon.Client, nets 
 	}
 	return &Server{
 		cfg: cfg, log: log, store: st, cocoon: cc, net: nets, images: images,
-		health:  newCocoonHealth(cc, cfg.StatusProbeInterval),
+		health: newCocoonHealth(cc, cfg.StatusProbeInterval),
+		netReady: refresh.New(networkProbeInterval, probeTimeout, func(ctx context.Context) (struct{}, error) {
+			return struct{}{}, nets.Ready(ctx)
+		}),
 		nowFunc: time.Now,
 	}
 }
@@ -120,7 +114,7 @@ func (s *Server) Register(g *grpc.Server) {
 func (s *Server) Recover(ctx context.Context) error {
 	for _, sb := range s.store.Sandboxes.List(func(sb *store.Sandbox) bool { return sb.State == store.SandboxCreating }) {
 		s.log.Info("rolling back an interrupted RunPodSandbox", "sandbox", sb.ID, "name", sb.Name)
-		if err := s.rollbackSandbox(sb); err != nil {
+		if err := s.rollbackSandbox(ctx, sb); err != nil {
 			return fmt.Errorf("roll back sandbox %s: %w", sb.ID, err)
 		}
 	}

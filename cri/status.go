@@ -13,7 +13,12 @@ import (
 // Reasons of the runtime conditions, in the CamelCase the kubelet shows on the node.
 const (
 	reasonCocoonUnavailable = "CocoonUnavailable"
+	// reasonNetworkNotReady is the reason containerd and CRI-O give, which operators know.
+	reasonNetworkNotReady = "NetworkPluginNotReady"
 )
+
+// networkProbeInterval bounds how long a new or fixed CNI configuration takes to show as ready.
+const networkProbeInterval = 2 * time.Second
 
 // Status reports RuntimeReady (cocoon answers) and NetworkReady, and the handlers served.
 func (s *Server) Status(ctx context.Context, req *runtimeapi.StatusRequest) (*runtimeapi.StatusResponse, error) {
@@ -23,7 +28,12 @@ func (s *Server) Status(ctx context.Context, req *runtimeapi.StatusRequest) (*ru
 		runtimeReady.Reason = reasonCocoonUnavailable
 		runtimeReady.Message = "cocoon does not answer: " + probe.Err.Error()
 	}
-	networkReady := &runtimeapi.RuntimeCondition{Type: runtimeapi.NetworkReady, Status: true}
+	netProbe := s.netReady.Get(ctx)
+	networkReady := &runtimeapi.RuntimeCondition{Type: runtimeapi.NetworkReady, Status: netProbe.Err == nil}
+	if netProbe.Err != nil {
+		networkReady.Reason = reasonNetworkNotReady
+		networkReady.Message = "pod network is not ready: " + netProbe.Err.Error()
+	}
 
 	handlers := []*runtimeapi.RuntimeHandler{{Name: HandlerName, Features: handlerFeatures()}}
 	if s.cfg.ServeDefaultHandler {

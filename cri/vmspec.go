@@ -21,7 +21,6 @@ func (s *Server) planVM(id string, cfg *runtimeapi.ContainerConfig, sb *store.Sa
 		Name:       vmName(id, md.GetName(), cfg.GetMetadata().GetName()),
 		Source:     img.LocalName,
 		NoDirectIO: sb.VM.NoDirectIO,
-		Network:    sb.VM.Network,
 	}
 	cpus, memory := s.requestedSize(cfg.GetLinux().GetResources())
 
@@ -35,8 +34,15 @@ func (s *Server) planVM(id string, cfg *runtimeapi.ContainerConfig, sb *store.Sa
 			return vm, invalid("image %s is a %s snapshot but annotation %s asks for %s: a snapshot can only be cloned on the hypervisor that took it",
 				img.RepoTags, snap.Hypervisor, AnnotationBackend, sb.VM.Backend)
 		}
+		if snap.NICs > 1 {
+			return vm, invalid("image %s is a snapshot of a VM with %d NICs; a pod has one network interface, so its VM must have one NIC",
+				img.RepoTags, snap.NICs)
+		}
 		vm.Mode = store.VMClone
 		vm.Backend = snap.Hypervisor
+		if snap.NICs == 0 {
+			vm.NICs = 1
+		}
 		vm.CPU, vm.Memory, vm.Storage = snap.CPU, snap.Memory, snap.Storage
 		vm.Windows = snap.Windows
 		vm.PullBase = snap.BaseImage != ""
@@ -48,6 +54,7 @@ func (s *Server) planVM(id string, cfg *runtimeapi.ContainerConfig, sb *store.Sa
 		vm.Storage = max(vm.Storage, sb.VM.Storage)
 	case store.ImageCloud, store.ImageOCI:
 		vm.Mode = store.VMBoot
+		vm.NICs = 1
 		vm.Backend = sb.VM.Backend
 		if vm.Backend == "" {
 			vm.Backend = cocoon.HypervisorCloudHypervisor

@@ -8,11 +8,15 @@ declare -A needs=(
   [qemu-img]=qemu-utils      # the simulator creates cloud-image overlays with it, as cocoon does
   [mkfs.ext4]=e2fsprogs      # the simulator formats OCI COW disks with it, as cocoon does
   [ip]=iproute2              # network namespaces in tests
+  [nsenter]=util-linux       # runs the test node (cocoon-cri) inside its private network namespace
+  [iptables]=iptables        # the portmap CNI plugin programs host ports with it
+  [/usr/lib/cni/bridge]=containernetworking-plugins   # the reference CNI plugins: bridge, host-local, portmap, loopback
 )
 
 missing=()
 for cmd in "${!needs[@]}"; do
-  command -v "$cmd" >/dev/null 2>&1 || missing+=("${needs[$cmd]}")
+  if [[ $cmd == /* ]]; then [ -x "$cmd" ] && continue; else command -v "$cmd" >/dev/null 2>&1 && continue; fi
+  missing+=("${needs[$cmd]}")
 done
 [ ${#missing[@]} -eq 0 ] && exit 0
 

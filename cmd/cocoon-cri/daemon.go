@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/signal"
 	"path/filepath"
 	"syscall"
@@ -43,10 +44,24 @@ func runDaemon(parent context.Context, o *options) error {
 		Root: orDefault(o.cocoonRootDir, cocoonDefaultRootDir),
 		Run:  orDefault(o.cocoonRunDir, cocoonDefaultRunDir),
 	})
+	self, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("find cocoon-cri's executable (it serves the attach plugin): %w", err)
+	}
+	nets := tapmanager.NewManager(tapmanager.Config{
+		NetNSDir: o.netnsDir,
+		ConfDir:  o.cniConfDir,
+		BinDirs:  o.cniBinDirs,
+		StateDir: filepath.Join(o.stateDir, "network"),
+		Plugin:   self,
+	})
+	if err := nets.Init(); err != nil {
+		return err
+	}
 	server := cri.New(cri.Config{
 		Version:             version,
 		ServeDefaultHandler: o.serveDefaultHandler,
-	}, log, st, cc, &tapmanager.NetNS{Dir: o.netnsDir}, images)
+	}, log, st, cc, nets, images)
 
 	if err := server.Recover(ctx); err != nil {
 		return fmt.Errorf("recover state: %w", err)

@@ -6,8 +6,11 @@ package main
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 
 	"github.com/spf13/cobra"
+
+	"github.com/cocoonstack/cocoon-cri/tapmanager"
 )
 
 // version is set at build time (-ldflags "-X main.version=...").
@@ -17,6 +20,11 @@ var version = "0.1.0-dev"
 const envPrefix = "COCOON_CRI_"
 
 func main() {
+	// cocoon runs this executable as the attach plugin through a link of that name.
+	if filepath.Base(os.Args[0]) == tapmanager.AttachPluginName {
+		tapmanager.AttachPluginMain()
+		return
+	}
 	if err := newRootCommand().Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "cocoon-cri:", err)
 		os.Exit(1)

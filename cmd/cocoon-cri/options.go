@@ -28,6 +28,8 @@ type options struct {
 	cocoonLogDir        string
 	cocoonTimeout       time.Duration
 	netnsDir            string
+	cniConfDir          string
+	cniBinDirs          []string
 	serveDefaultHandler bool
 	logLevel            string
 	logFormat           string
@@ -41,6 +43,8 @@ func defaultOptions() *options {
 		cocoonBinary:    "cocoon",
 		cocoonTimeout:   2 * time.Minute,
 		netnsDir:        "/var/run/netns",
+		cniConfDir:      "/etc/cni/net.d",
+		cniBinDirs:      []string{"/opt/cni/bin"},
 		logLevel:        "info",
 		logFormat:       "text",
 		shutdownTimeout: 10 * time.Second,
@@ -62,6 +66,8 @@ func (o *options) addFlags(cmd *cobra.Command) {
 	d.StringVar(&o.cocoonLogDir, "cocoon-log-dir", o.cocoonLogDir, "cocoon --log-dir (empty: cocoon's default)")
 	d.DurationVar(&o.cocoonTimeout, "cocoon-timeout", o.cocoonTimeout, "longest a cocoon command may run (imports have none: they end with the request)")
 	d.StringVar(&o.netnsDir, "netns-dir", o.netnsDir, "directory of the pod network namespaces")
+	d.StringVar(&o.cniConfDir, "cni-conf-dir", o.cniConfDir, "the cluster's CNI configuration; pods join the first network by file name")
+	d.StringSliceVar(&o.cniBinDirs, "cni-bin-dir", o.cniBinDirs, "directories of the cluster's CNI plugins (repeat or separate with commas)")
 	d.BoolVar(&o.serveDefaultHandler, "serve-default-handler", o.serveDefaultHandler,
 		"run pods of the default runtime handler (no runtimeClassName) as cocoon VMs too; needed for static pods")
 	d.DurationVar(&o.shutdownTimeout, "shutdown-timeout", o.shutdownTimeout, "how long SIGTERM waits for RPCs in flight")
@@ -82,6 +88,9 @@ func (o *options) validate() error {
 	}
 	if o.socket == "" || o.stateDir == "" {
 		return fmt.Errorf("--socket and --state-dir must not be empty")
+	}
+	if o.cniConfDir == "" || len(o.cniBinDirs) == 0 {
+		return fmt.Errorf("--cni-conf-dir and --cni-bin-dir must not be empty")
 	}
 	if o.cocoonTimeout <= 0 {
 		return fmt.Errorf("--cocoon-timeout must be positive")

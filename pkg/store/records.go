@@ -1,6 +1,7 @@
 package store
 
 import (
+	"encoding/json"
 	"slices"
 
 	"google.golang.org/protobuf/encoding/protojson"
@@ -49,6 +50,24 @@ type Sandbox struct {
 	NetNS     string    `json:"netns,omitempty"`
 	CreatedAt int64     `json:"created_at"` // Unix nanoseconds
 	VM        VMOptions `json:"vm"`
+	// Network is the pod's CNI attachment. It is recorded before CNI ADD runs, so a crash during
+	// ADD leaves what DEL needs to release the IP.
+	Network *PodNetwork `json:"network,omitempty"`
+}
+
+// PodNetwork is a sandbox's attachment to the cluster network.
+type PodNetwork struct {
+	// ConfList is the CNI configuration the sandbox was added with, kept for DEL: the node's
+	// configuration may change while the pod lives.
+	ConfList json.RawMessage `json:"conf_list"`
+	// Result is the CNI ADD result; nil until ADD succeeded, and again after DEL.
+	Result json.RawMessage `json:"result,omitempty"`
+	// IPs are the pod's addresses, the primary first.
+	IPs []string `json:"ips,omitempty"`
+	// MAC is the pod interface's hardware address: the guest NIC takes it.
+	MAC string `json:"mac,omitempty"`
+	// Released is set once CNI DEL succeeded (StopPodSandbox), so DEL runs once.
+	Released bool `json:"released,omitempty"`
 }
 
 // VMOptions are the pod's cocoon settings, parsed from its annotations when the sandbox is made.
@@ -62,7 +81,15 @@ type VMOptions struct {
 
 func (s *Sandbox) key() string          { return s.ID }
 func (s *Sandbox) uniqueKeys() []string { return []string{"name/" + s.Name} }
-func (s *Sandbox) clone() *Sandbox      { c := *s; return &c }
+func (s *Sandbox) clone() *Sandbox {
+	c := *s
+	if s.Network != nil {
+		n := *s.Network
+		n.IPs = slices.Clone(s.Network.IPs)
+		c.Network = &n
+	}
+	return &c
+}
 
 // SandboxNameKey is the unique key a sandbox name is indexed under (for Table.Lookup).
 func SandboxNameKey(name string) string { return "name/" + name }
@@ -121,9 +148,14 @@ type VM struct {
 	NoDirectIO bool   `json:"no_direct_io,omitempty"`
 	Windows    bool   `json:"windows,omitempty"`
 	Network    string `json:"network,omitempty"`
+	// NICs is the --nics to give cocoon; 0 keeps a snapshot's count.
+	NICs int `json:"nics,omitempty"`
 	// OnDemand marks a clone that reads its memory lazily from the source snapshot, which must stay
 	// on disk while the VM exists.
 	OnDemand bool `json:"on_demand,omitempty"`
+	// NetNS is the network namespace cocoon made for the VM; the pod interface lives there while the
+	// VM runs.
+	NetNS string `json:"netns,omitempty"`
 	// PullBase makes a clone fetch the snapshot's base image by its recorded digest when the node
 	// lacks it: a snapshot holds the VM's state, not the image its disks build on.
 	PullBase bool   `json:"pull_base,omitempty"`

@@ -18,6 +18,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/tapmanager"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim"
@@ -32,9 +35,14 @@ type node struct {
 	rootDir  string // cocoon --root-dir
 	runDir   string // cocoon --run-dir
 	logDir   string // cocoon --log-dir
-	netnsDir string
+	netnsDir string // pod namespaces (cocoon-cri's)
+	vmNetns  string // VM namespaces (the simulator's cocoon-<VMID>)
+	nodeNS   string // the node's own namespace: the daemon, the CNI bridge and host ports live there
+	cniConf  string
+	ipamDir  string
 	podLogs  string
 	extra    []string
+	env      []string // more environment for the daemon
 	logFile  string
 	daemon   *exec.Cmd
 	exited   chan error
@@ -57,12 +65,63 @@ func newNode(t *testing.T, extra ...string) *node {
 		runDir:   filepath.Join(dir, "cocoon", "run"),
 		logDir:   filepath.Join(dir, "cocoon", "log"),
 		netnsDir: filepath.Join(dir, "netns"),
+		vmNetns:  filepath.Join(dir, "vmnetns"),
+		nodeNS:   filepath.Join(dir, "node", "netns"),
+		cniConf:  filepath.Join(dir, "net.d"),
+		ipamDir:  filepath.Join(dir, "ipam"),
 		podLogs:  filepath.Join(dir, "pods"),
 		logFile:  filepath.Join(dir, "cocoon-cri.log"),
 	}
 	t.Cleanup(n.cleanup)
+	n.makeNodeNamespace()
+	n.writeNetworkConfig()
 	n.start()
 	return n
+}
+
+// nodeSubnet is the pod network of every test node; nodes do not share a namespace, so they may
+// reuse it.
+const (
+	nodeSubnet  = "10.88.0.0/24"
+	nodeGateway = "10.88.0.1"
+)
+
+// makeNodeNamespace gives the node a network namespace of its own, so nothing the tests do (the
+// CNI bridge, veths, iptables rules for host ports) touches the host's network.
+func (n *node) makeNodeNamespace() {
+	n.t.Helper()
+	if err := (&tapmanager.NetNS{}).CreateNetNS(n.nodeNS); err != nil {
+		n.t.Fatal(err)
+	}
+	n.inNode(func() error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		return netlink.LinkSetUp(lo)
+	})
+}
+
+// writeNetworkConfig installs the cluster network: Debian's reference plugins, a bridge with
+// host-local addresses and host ports through portmap.
+func (n *node) writeNetworkConfig() {
+	n.t.Helper()
+	conf := fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "pods", "plugins": [
+  {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": %q, "gateway": %q}]], "routes": [{"dst": "0.0.0.0/0"}], "dataDir": %q}},
+  {"type": "portmap", "capabilities": {"portMappings": true}}]}`, nodeSubnet, nodeGateway, n.ipamDir)
+	if err := os.MkdirAll(n.cniConf, 0o755); err != nil {
+		n.t.Fatal(err)
+	}
+	n.writeFile("net.d/10-pods.conflist", []byte(conf))
+}
+
+// inNode runs fn in the node's network namespace, as a process on the node would.
+func (n *node) inNode(fn func() error) {
+	n.t.Helper()
+	if err := ns.WithNetNSPath(n.nodeNS, func(ns.NetNS) error { return fn() }); err != nil {
+		n.t.Fatal(err)
+	}
 }
 
 // start runs the daemon and waits until it answers.
@@ -73,15 +132,19 @@ func (n *node) start() {
 		"--cocoon-binary", bins.cocoonSim,
 		"--cocoon-root-dir", n.rootDir, "--cocoon-run-dir", n.runDir, "--cocoon-log-dir", n.logDir,
 		"--netns-dir", n.netnsDir, "--log-level", "debug",
+		"--cni-conf-dir", n.cniConf, "--cni-bin-dir", "/usr/lib/cni",
 	}
 	logFile, err := os.OpenFile(n.logFile, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		n.t.Fatal(err)
 	}
 	defer logFile.Close()
-	cmd := exec.Command(bins.cocoonCRI, append(args, n.extra...)...)
+	// nsenter execs cocoon-cri in the node's namespace: the PID is the daemon's.
+	nsenter := append([]string{"--net=" + n.nodeNS, "--", bins.cocoonCRI}, append(args, n.extra...)...)
+	cmd := exec.Command("nsenter", nsenter...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.Env = append(os.Environ(), "GORACE=halt_on_error=1 exitcode=66")
+	cmd.Env = append(os.Environ(), "GORACE=halt_on_error=1 exitcode=66", "COCOON_SIM_NETNS_DIR="+n.vmNetns)
+	cmd.Env = append(cmd.Env, n.env...)
 	if err := cmd.Start(); err != nil {
 		n.t.Fatal(err)
 	}
@@ -155,10 +218,12 @@ func (n *node) cleanup() {
 	if err := cocoonsim.KillGuests(n.runDir); err != nil {
 		n.t.Errorf("stop guests: %v", err)
 	}
-	entries, _ := os.ReadDir(n.netnsDir)
-	for _, e := range entries {
-		if err := (&tapmanager.NetNS{}).RemoveNetNS(filepath.Join(n.netnsDir, e.Name())); err != nil {
-			n.t.Errorf("remove netns: %v", err)
+	for _, dir := range []string{n.netnsDir, n.vmNetns, filepath.Dir(n.nodeNS)} {
+		entries, _ := os.ReadDir(dir)
+		for _, e := range entries {
+			if err := (&tapmanager.NetNS{}).RemoveNetNS(filepath.Join(dir, e.Name())); err != nil {
+				n.t.Errorf("remove netns: %v", err)
+			}
 		}
 	}
 	if log := n.log(); strings.Contains(log, "DATA RACE") {
@@ -270,12 +335,14 @@ func (n *node) vm(ref string) (*cocoon.VM, error) {
 	return &vm, nil
 }
 
-// netns lists the pod network namespaces on the node.
+// netns lists the network namespaces on the node: the pods' and the VMs'.
 func (n *node) netns() []string {
-	entries, _ := os.ReadDir(n.netnsDir)
-	names := make([]string, 0, len(entries))
-	for _, e := range entries {
-		names = append(names, e.Name())
+	var names []string
+	for _, dir := range []string{n.netnsDir, n.vmNetns} {
+		entries, _ := os.ReadDir(dir)
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
 	}
 	return names
 }
@@ -319,4 +386,14 @@ func (n *node) clients() (runtimeapi.RuntimeServiceClient, runtimeapi.ImageServi
 	}
 	n.t.Cleanup(func() { conn.Close() })
 	return runtimeapi.NewRuntimeServiceClient(conn), runtimeapi.NewImageServiceClient(conn)
+}
+
+// execOutput runs a command and returns its stdout; the error carries stderr.
+func execOutput(name string, args ...string) ([]byte, error) {
+	out, err := exec.Command(name, args...).Output()
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		err = fmt.Errorf("%s %s: %v: %s", name, strings.Join(args, " "), err, exit.Stderr)
+	}
+	return out, err
 }

@@ -1,0 +1,90 @@
+package cri
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/containernetworking/cni/libcni"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/pkg/faultpoint"
+	"github.com/cocoonstack/cocoon-cri/pkg/store"
+	"github.com/cocoonstack/cocoon-cri/tapmanager"
+)
+
+// The pod network, in the order of a sandbox's life: the cluster's CNI attaches the pod's namespace
+// (RunPodSandbox); each VM takes the pod interface over through cocoon and the attach plugin
+// (StartContainer); a stopped VM gives it back (StopContainer); the cluster's CNI detaches the pod
+// (StopPodSandbox); the namespace goes with the sandbox (RemovePodSandbox).
+
+// loadNetwork picks the network a new sandbox joins: the one named by the pod's network
+// annotation, or the node's default.
+func (s *Server) loadNetwork(name string) (*libcni.NetworkConfigList, error) {
+	list, err := s.net.Load(name)
+	if errors.Is(err, tapmanager.ErrNoNetwork) {
+		return nil, precondition("the node's pod network is not ready: %v", err)
+	}
+	return list, err
+}
+
+// attachSandbox runs the cluster's CNI ADD in the sandbox's namespace and prepares the
+// configuration through which its VMs take the interface over.
+func (s *Server) attachSandbox(ctx context.Context, sb *store.Sandbox, list *libcni.NetworkConfigList) error {
+	result, err := s.net.Add(ctx, list, podForCNI(sb))
+	if err != nil {
+		return err
+	}
+	faultpoint.Hit(faultpoint.SandboxCNIAdded)
+	data, err := json.Marshal(result)
+	if err != nil {
+		return fmt.Errorf("encode CNI result: %w", err)
+	}
+	if err := s.net.PrepareCocoon(sb.ID, sb.NetNS, data); err != nil {
+		return err
+	}
+	ips, mac := tapmanager.PodAddresses(result)
+	sb.Network.Result, sb.Network.IPs, sb.Network.MAC = data, ips, mac
+	return nil
+}
+
+// detachSandbox runs the cluster's CNI DEL once: it releases the pod's IP and whatever the plugins
+// set up for it (host ports, the veth).
+func (s *Server) detachSandbox(ctx context.Context, sb *store.Sandbox) error {
+	if sb.Network == nil || sb.Network.Released {
+		return nil
+	}
+	if err := s.net.Del(ctx, sb.Network.ConfList, podForCNI(sb)); err != nil {
+		return err
+	}
+	_, err := s.store.Sandboxes.Modify(sb.ID, func(r *store.Sandbox) error {
+		r.Network.Released, r.Network.IPs = true, nil
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("record network released: %w", err)
+	}
+	sb.Network.Released = true
+	return nil
+}
+
+func podForCNI(sb *store.Sandbox) tapmanager.Pod {
+	return tapmanager.Pod{SandboxID: sb.ID, NetNS: sb.NetNS, Config: sb.Config.Msg}
+}
+
+// cocoonFor is the cocoon client for a sandbox's VMs: every call on them (create, clone, start, rm)
+// must see the sandbox's network configuration, which names the attach plugin. Guest DNS servers
+// follow the pod's DNS config.
+func (s *Server) cocoonFor(sb *store.Sandbox) *cocoon.Client {
+	return s.cocoon.WithNetwork(s.net.CocoonConfDir(sb.ID), s.net.PluginDir(), sb.Config.Msg.GetDnsConfig().GetServers())
+}
+
+// reclaimInterface takes the pod interface back from a container's stopped VM, so the pod's next
+// VM can take it over.
+func (s *Server) reclaimInterface(sb *store.Sandbox, c *store.Container) error {
+	if sb.Network == nil || len(sb.Network.Result) == 0 || c.VM.NetNS == "" {
+		return nil
+	}
+	return s.net.ReclaimFromVM(sb.ID, sb.NetNS, c.VM.NetNS, sb.Network.Result)
+}

@@ -1,0 +1,339 @@
+package e2e
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/faultpoint"
+	"github.com/cocoonstack/cocoon-cri/test/cocoonsim"
+)
+
+// guestPort is where the simulated guest answers with its name and address.
+const guestPort = 8080
+
+// withReachableImage imports the image the reachability tests boot: a cloud image, whose guest
+// takes the pod address from cocoon at first boot. (A clone keeps its snapshot's guest network
+// configuration until the guest is reconfigured: see docs/networking.md.)
+func (n *node) withReachableImage() {
+	n.importImage(cloudRef, n.cloudImage("cloud"))
+}
+
+// podIP is the sandbox's primary IP as crictl inspectp reports it.
+func (n *node) podIP(podID string) string {
+	n.t.Helper()
+	ip, _ := field(n.inspect("inspectp", podID), "status", "network", "ip").(string)
+	if ip == "" {
+		n.t.Fatalf("sandbox %s has no IP", podID)
+	}
+	return ip
+}
+
+// dialFromNode connects from the node's namespace and returns the first line the peer sends.
+func (n *node) dialFromNode(addr string) string {
+	n.t.Helper()
+	var line string
+	n.inNode(func() error {
+		var err error
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			line, err = readLine(addr)
+			if err == nil || time.Now().After(deadline) {
+				return err
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	})
+	return line
+}
+
+func readLine(addr string) (string, error) {
+	conn, err := net.DialTimeout("tcp", addr, 3*time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	return bufio.NewReader(conn).ReadString('\n')
+}
+
+// neighbourMAC is the hardware address the node learned for ip on the pod bridge.
+func (n *node) neighbourMAC(ip string) string {
+	n.t.Helper()
+	var mac string
+	n.inNode(func() error {
+		neighs, err := netlink.NeighList(0, netlink.FAMILY_V4)
+		for _, nb := range neighs {
+			if nb.IP.String() == ip && nb.HardwareAddr != nil {
+				mac = nb.HardwareAddr.String()
+			}
+		}
+		return err
+	})
+	return mac
+}
+
+// TestPodIPReachesTheGuest: the guest answers at the pod IP, with the pod interface's MAC.
+func TestPodIPReachesTheGuest(t *testing.T) {
+	n := newNode(t)
+	n.withReachableImage()
+	podID, ctrID, _ := n.runningPod("web", cloudRef)
+	ip := n.podIP(podID)
+	if _, subnet, _ := net.ParseCIDR(nodeSubnet); !subnet.Contains(net.ParseIP(ip)) {
+		t.Fatalf("pod IP %s is not in the node's pod network %s", ip, nodeSubnet)
+	}
+	line := n.dialFromNode(fmt.Sprintf("%s:%d", ip, guestPort))
+	vmName, _ := field(n.inspect("inspect", ctrID), "info", "vm", "name").(string)
+	if !strings.Contains(line, vmName) || !strings.Contains(line, ip) {
+		t.Fatalf("the guest at %s answered %q, want its name %s and IP", ip, line, vmName)
+	}
+	podMAC, _ := field(n.inspect("inspectp", podID), "info", "network", "mac").(string)
+	if podMAC == "" || n.neighbourMAC(ip) != podMAC {
+		t.Fatalf("the node sees %s at %q, the pod interface has %q", ip, n.neighbourMAC(ip), podMAC)
+	}
+	vm, err := n.vm(vmName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(vm.NetworkConfigs) != 1 || vm.NetworkConfigs[0].Mac != podMAC || vm.NetworkConfigs[0].Network == nil || vm.NetworkConfigs[0].Network.IP != ip {
+		t.Fatalf("cocoon's view of the VM NIC: %+v", vm.NetworkConfigs)
+	}
+}
+
+// TestRestartedContainerKeepsThePodAddress: a new container in the same pod (the kubelet's
+// restart) gets the interface back from the stopped one: same IP, same MAC.
+func TestRestartedContainerKeepsThePodAddress(t *testing.T) {
+	n := newNode(t)
+	n.withReachableImage()
+	podID, first, podFile := n.runningPod("web", cloudRef)
+	ip := n.podIP(podID)
+	n.mustCrictl("stop", "--timeout", "5", first)
+	second := n.mustCrictl("create", "--no-pull", podID, n.configFile("again.json", containerConfig("app2", cloudRef)), podFile)
+	n.mustCrictl("start", second)
+	vmName, _ := field(n.inspect("inspect", second), "info", "vm", "name").(string)
+	if line := n.dialFromNode(fmt.Sprintf("%s:%d", ip, guestPort)); !strings.Contains(line, vmName) {
+		t.Fatalf("the pod IP answered %q, want the new VM %s", line, vmName)
+	}
+	// The exited VM can go while the new one keeps the interface.
+	n.mustCrictl("rm", first)
+	if line := n.dialFromNode(fmt.Sprintf("%s:%d", ip, guestPort)); !strings.Contains(line, vmName) {
+		t.Fatalf("after removing the old container the pod IP answered %q", line)
+	}
+}
+
+// TestHostPortReachesTheGuest: a hostPort mapping on the node reaches the guest (portmap).
+func TestHostPortReachesTheGuest(t *testing.T) {
+	n := newNode(t)
+	n.withReachableImage()
+	pod := n.podConfig("web", "uid-web")
+	pod.PortMappings = []*runtimeapi.PortMapping{{Protocol: runtimeapi.Protocol_TCP, ContainerPort: guestPort, HostPort: 30080}}
+	podFile := n.configFile("pod.json", pod)
+	podID := n.mustCrictl("runp", "--runtime", "cocoon", podFile)
+	ctrID := n.mustCrictl("create", "--no-pull", podID, n.configFile("ctr.json", containerConfig("app", cloudRef)), podFile)
+	n.mustCrictl("start", ctrID)
+	vmName, _ := field(n.inspect("inspect", ctrID), "info", "vm", "name").(string)
+	if line := n.dialFromNode(nodeGateway + ":30080"); !strings.Contains(line, vmName) {
+		t.Fatalf("host port 30080 answered %q, want the guest %s", line, vmName)
+	}
+	n.mustCrictl("rmp", "--force", podID)
+	if rules := n.iptablesNAT(); strings.Contains(rules, "30080") {
+		t.Fatalf("the host port's rules outlived the pod:\n%s", rules)
+	}
+}
+
+func (n *node) iptablesNAT() string {
+	n.t.Helper()
+	var out []byte
+	n.inNode(func() error {
+		var err error
+		out, err = execOutput("iptables", "-t", "nat", "-S")
+		return err
+	})
+	return string(out)
+}
+
+// TestNetworkReadyFollowsTheCNIConfiguration: NetworkReady is false, with a reason, while the node
+// has no network configuration, pods are refused meanwhile, and it turns true when one appears.
+func TestNetworkReadyFollowsTheCNIConfiguration(t *testing.T) {
+	n := newNode(t)
+	conf := filepath.Join(n.cniConf, "10-pods.conflist")
+	data, err := os.ReadFile(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(conf); err != nil {
+		t.Fatal(err)
+	}
+	n.waitNetworkReady(false)
+	n.crictlFails("FailedPrecondition", "runp", "--runtime", "cocoon", n.configFile("pod.json", n.podConfig("early", "uid-e")))
+	if len(n.netns()) != 0 {
+		t.Fatalf("a refused sandbox left namespaces: %v", n.netns())
+	}
+	if err := os.WriteFile(conf, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n.waitNetworkReady(true)
+	n.mustCrictl("runp", "--runtime", "cocoon", n.configFile("pod.json", n.podConfig("early", "uid-e")))
+}
+
+func (n *node) waitNetworkReady(want bool) {
+	n.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ready, reason := n.networkCondition()
+		if ready == want && (want || reason == "NetworkPluginNotReady") {
+			return
+		}
+		if time.Now().After(deadline) {
+			n.t.Fatalf("NetworkReady stayed %v (reason %q), want %v", ready, reason, want)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func (n *node) networkCondition() (bool, string) {
+	n.t.Helper()
+	var info struct {
+		Status struct {
+			Conditions []struct {
+				Type   string `json:"type"`
+				Status bool   `json:"status"`
+				Reason string `json:"reason"`
+			} `json:"conditions"`
+		} `json:"status"`
+	}
+	if err := json.Unmarshal([]byte(n.mustCrictl("info", "-o", "json")), &info); err != nil {
+		n.t.Fatal(err)
+	}
+	for _, c := range info.Status.Conditions {
+		if c.Type == "NetworkReady" {
+			return c.Status, c.Reason
+		}
+	}
+	n.t.Fatal("no NetworkReady condition")
+	return false, ""
+}
+
+// leftovers is what a removed pod must not leave on the node.
+func (n *node) leftovers() []string {
+	n.t.Helper()
+	var left []string
+	left = append(left, n.netns()...)
+	entries, _ := os.ReadDir(filepath.Join(n.ipamDir, "pods"))
+	for _, e := range entries {
+		if net.ParseIP(e.Name()) != nil {
+			left = append(left, "lease "+e.Name())
+		}
+	}
+	n.inNode(func() error {
+		links, err := netlink.LinkList()
+		for _, l := range links {
+			if l.Type() == "veth" || l.Type() == "tuntap" {
+				left = append(left, "link "+l.Attrs().Name)
+			}
+		}
+		return err
+	})
+	cache, _ := filepath.Glob(filepath.Join(n.stateDir, "network", "cache", "results", "*"))
+	for _, c := range cache {
+		left = append(left, "cni cache "+filepath.Base(c))
+	}
+	pods, _ := os.ReadDir(filepath.Join(n.stateDir, "network", "pods"))
+	for _, p := range pods {
+		left = append(left, "cocoon network config "+p.Name())
+	}
+	return left
+}
+
+// TestManyPodsLeaveNoNetworkBehind creates and removes 20 pods: no namespace, veth, TAP, IP lease
+// or CNI cache entry survives.
+func TestManyPodsLeaveNoNetworkBehind(t *testing.T) {
+	n := newNode(t)
+	n.withSnapshot()
+	for i := range 20 {
+		podID, _, _ := n.runningPod(fmt.Sprintf("p%d", i), snapRef)
+		if i%2 == 0 {
+			n.mustCrictl("stopp", podID)
+		}
+		n.mustCrictl("rmp", "--force", podID)
+	}
+	if left := n.leftovers(); len(left) != 0 {
+		t.Fatalf("left behind: %v", left)
+	}
+}
+
+// TestCrashDuringRunPodSandboxLeaksNothing kills cocoon-cri at every point inside RunPodSandbox,
+// restarts it, and retries the way the kubelet does: the retry succeeds, and once the pod is
+// removed nothing is left.
+func TestCrashDuringRunPodSandboxLeaksNothing(t *testing.T) {
+	n := newNode(t)
+	n.withSnapshot()
+	for i, point := range faultpoint.All {
+		n.stop()
+		n.env = []string{faultpoint.EnvVar + "=" + point}
+		n.start()
+		podFile := n.configFile(fmt.Sprintf("crash%d.json", i), n.podConfig(fmt.Sprintf("crash%d", i), fmt.Sprintf("uid-crash%d", i)))
+		if _, err := n.crictl("runp", "--runtime", "cocoon", podFile); err == nil {
+			t.Fatalf("%s: RunPodSandbox survived its crash point", point)
+		}
+		select {
+		case <-n.exited:
+			n.daemon = nil
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s: cocoon-cri did not die at its crash point", point)
+		}
+		n.env = nil
+		n.start()
+		podID := n.mustCrictl("runp", "--runtime", "cocoon", podFile)
+		if got := len(n.netns()); got != 1 {
+			t.Fatalf("%s: %d namespaces after the retry, want the one of the new sandbox: %v", point, got, n.netns())
+		}
+		n.mustCrictl("rmp", "--force", podID)
+		if left := n.leftovers(); len(left) != 0 {
+			t.Fatalf("%s: left behind: %v", point, left)
+		}
+	}
+}
+
+// TestTwoPodsReachEachOther: a guest reaches another pod's guest at its pod IP, across the
+// cluster's bridge.
+func TestTwoPodsReachEachOther(t *testing.T) {
+	n := newNode(t)
+	n.withReachableImage()
+	_, ctrA, _ := n.runningPod("alpha", cloudRef)
+	podB, ctrB, _ := n.runningPod("beta", cloudRef)
+	ipB := n.podIP(podB)
+	nameB, _ := field(n.inspect("inspect", ctrB), "info", "vm", "name").(string)
+
+	guestA, err := cocoonsim.GuestOSPID(n.vmPID(ctrA))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var line string
+	deadline := time.Now().Add(30 * time.Second)
+	err = ns.WithNetNSPath(fmt.Sprintf("/proc/%d/ns/net", guestA), func(ns.NetNS) error {
+		for {
+			var err error
+			if line, err = readLine(fmt.Sprintf("%s:%d", ipB, guestPort)); err == nil || time.Now().After(deadline) {
+				return err
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	})
+	if err != nil {
+		t.Fatalf("pod alpha's guest cannot reach pod beta at %s: %v", ipB, err)
+	}
+	if !strings.Contains(line, nameB) {
+		t.Fatalf("pod beta's IP answered %q, want %s", line, nameB)
+	}
+}
