@@ -8,10 +8,14 @@ bin=$PWD/bin
 work=$(mktemp -d /tmp/cocoon-cri-demo.XXXX)
 sock=$work/cocoon-cri.sock
 cocoon_root=$work/cocoon/root cocoon_run=$work/cocoon/run cocoon_log=$work/cocoon/log
+node_ns=$work/node.netns
 daemon_pid=
+# The simulated VMs' own namespaces (cocoon-<VMID>) stay in the work directory.
+export COCOON_SIM_NETNS_DIR=$work/vmnetns
 
 crictl() { "$bin/crictl" --runtime-endpoint "unix://$sock" --image-endpoint "unix://$sock" --timeout 60s "$@"; }
 cocoon() { "$bin/cocoon-sim" --root-dir "$cocoon_root" --run-dir "$cocoon_run" --log-dir "$cocoon_log" "$@"; }
+on_node() { nsenter --net="$node_ns" -- "$@"; }
 step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
 export CRI_CONFIG_FILE=/dev/null # crictl: no /etc/crictl.yaml needed
 
@@ -26,9 +30,9 @@ teardown() {
   fi
   # Whatever a failure left: VMs (the simulator's hypervisor processes) and namespaces.
   for vm in $(cocoon vm list -o json 2>/dev/null | grep -o '"id": *"[A-Z0-9]*"' | grep -o '[A-Z0-9]\{26\}'); do
-    cocoon vm rm --force "$vm" >/dev/null 2>&1 || true
+    on_node "$bin/cocoon-sim" --root-dir "$cocoon_root" --run-dir "$cocoon_run" --log-dir "$cocoon_log" vm rm --force "$vm" >/dev/null 2>&1 || true
   done
-  for ns in "$work"/netns/*; do [ -e "$ns" ] && umount -l "$ns" 2>/dev/null; done
+  for ns in "$work"/netns/* "$work"/vmnetns/* "$node_ns"; do [ -e "$ns" ] && umount -l "$ns" 2>/dev/null; done
   rm -rf "$work"
   [ $status -eq 0 ] || echo "demo failed (exit $status)" >&2
 }
@@ -38,10 +42,21 @@ step "Building a VM snapshot image: a cocoon snapshot archive, as 'cocoon snapsh
 "$bin/mktestimage" snapshot --name demo --cpu 1 --memory 512M --root-dir "$cocoon_root" --install-base -o "$work/demo-snapshot.tar"
 ls -l "$work/demo-snapshot.tar"
 
-step "Starting cocoon-cri on the cocoon simulator (log: $work/cocoon-cri.log)"
-"$bin/cocoon-cri" --socket "$sock" --state-dir "$work/state" --cocoon-binary "$bin/cocoon-sim" \
+step "A node of its own: a private network namespace with a CNI bridge network (Debian's reference plugins)"
+touch "$node_ns" && unshare --net="$node_ns" true && on_node ip link set lo up
+mkdir -p "$work/net.d"
+cat >"$work/net.d/10-pods.conflist" <<JSON
+{"cniVersion": "1.0.0", "name": "pods", "plugins": [
+  {"type": "bridge", "bridge": "cni0", "isGateway": true,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.88.0.0/24"}]], "routes": [{"dst": "0.0.0.0/0"}], "dataDir": "$work/ipam"}},
+  {"type": "portmap", "capabilities": {"portMappings": true}}]}
+JSON
+cat "$work/net.d/10-pods.conflist"
+
+step "Starting cocoon-cri on the cocoon simulator, in the node's namespace (log: $work/cocoon-cri.log)"
+on_node "$bin/cocoon-cri" --socket "$sock" --state-dir "$work/state" --cocoon-binary "$bin/cocoon-sim" \
   --cocoon-root-dir "$cocoon_root" --cocoon-run-dir "$cocoon_run" --cocoon-log-dir "$cocoon_log" \
-  --netns-dir "$work/netns" >"$work/cocoon-cri.log" 2>&1 &
+  --netns-dir "$work/netns" --cni-conf-dir "$work/net.d" --cni-bin-dir /usr/lib/cni >"$work/cocoon-cri.log" 2>&1 &
 daemon_pid=$!
 for _ in $(seq 100); do crictl version >/dev/null 2>&1 && break; sleep 0.1; done
 crictl version
@@ -71,6 +86,7 @@ crictl start "$ctr" >/dev/null
 step "The pod, as the kubelet sees it"
 crictl pods
 crictl ps
+crictl inspectp -o go-template --template 'pod IP {{.status.network.ip}}, pod interface MAC {{.info.network.mac}}{{"\n"}}' "$pod"
 crictl inspect -o go-template --template \
   'state {{.status.state}}, VM {{.info.vm.name}} (cocoon ID {{.info.vm.id}}), {{.info.vm.mode}} of {{.info.vm.source}}{{"\n"}}vCPUs {{.info.vm.cpu}}, memory {{.info.vm.memory}} bytes, disk {{.info.vm.storage}} bytes, hypervisor PID {{.info.vm.pid}}{{"\n"}}' "$ctr"
 
@@ -79,13 +95,32 @@ cocoon vm list
 vm_pid=$(crictl inspect -o go-template --template '{{.info.vm.pid}}' "$ctr")
 ps -o pid,etime,args -p "$vm_pid" | cut -c1-150
 
+step "A second pod, booted from a cloud image: its guest answers at the pod IP, from the node"
+# A clone keeps its snapshot's guest network configuration until reconfigured (docs/networking.md);
+# a booted VM takes the pod address from cocoon at boot.
+"$bin/mktestimage" qcow2 --size 1G -o "$work/desktop.qcow2"
+mkdir -p "$cocoon_root/firmware" && echo firmware >"$cocoon_root/firmware/CLOUDHV.fd" # UEFI firmware on the node
+"$bin/cocoon-cri" image import --socket "$sock" --ref demo/desktop:v1 "$work/desktop.qcow2" >/dev/null
+sed 's/"agent"/"desktop"/g; s/demo-uid-1/demo-uid-2/' "$work/pod.json" >"$work/pod2.json"
+sed 's#demo/agent-sandbox:v1#demo/desktop:v1#' "$work/container.json" >"$work/container2.json"
+pod2=$(crictl runp --runtime cocoon "$work/pod2.json")
+ctr2=$(crictl create --no-pull "$pod2" "$work/container2.json" "$work/pod2.json")
+crictl start "$ctr2" >/dev/null
+ip2=$(crictl inspectp -o go-template --template '{{.status.network.ip}}' "$pod2")
+echo "node \$ busybox nc $ip2 8080"
+for _ in $(seq 50); do answer=$(on_node busybox nc -w 2 "$ip2" 8080 2>/dev/null) && [ -n "$answer" ] && break; sleep 0.2; done
+echo "guest: ${answer:-no answer}"
+[ -n "${answer:-}" ]
+
 if [ "${DEMO_KEEP:-}" = 1 ]; then
   step "Kept running (DEMO_KEEP=1)"
   cat <<TXT
 crictl:   $bin/crictl --runtime-endpoint unix://$sock --image-endpoint unix://$sock ps
 cocoon:   $bin/cocoon-sim --root-dir $cocoon_root --run-dir $cocoon_run --log-dir $cocoon_log vm list
 log:      $work/cocoon-cri.log
-To stop:  $bin/crictl --runtime-endpoint unix://$sock rmp --force $pod; kill $daemon_pid; rm -rf $work
+node:     nsenter --net=$node_ns busybox nc $ip2 8080
+To stop:  $bin/crictl --runtime-endpoint unix://$sock rmp --force $pod $pod2; kill $daemon_pid;
+          umount $work/*netns/* $node_ns; rm -rf $work
 TXT
   exit 0
 fi
@@ -96,6 +131,7 @@ crictl inspect -o go-template --template 'state {{.status.state}}, exit code {{.
 crictl rm "$ctr" >/dev/null
 crictl stopp "$pod" >/dev/null
 crictl rmp "$pod" >/dev/null
+crictl rmp --force "$pod2" >/dev/null
 crictl pods
 cocoon vm list
 echo

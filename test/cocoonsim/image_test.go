@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -109,9 +110,24 @@ func TestImportTarNeedsMkfsErofs(t *testing.T) {
 	t.Run("with mkfs.erofs", func(t *testing.T) {
 		requireTool(t, "mkfs.erofs")
 		s := s.in(t)
+		if !erofsHasTar() {
+			// Debian 12's erofs-utils 1.5: cocoon cannot import a tar there, nor can the simulator.
+			r := s.cocoon("image", "import", "app", path)
+			if r.code != 1 || !strings.HasPrefix(r.errorLine(), "Error: import app: process layers: mkfs.erofs failed: ") {
+				t.Fatalf("import with a mkfs.erofs without --tar: exit %d, %q", r.code, r.errorLine())
+			}
+			return
+		}
 		s.ok("image", "import", "app", path)
 		if img := decode[cocoon.Image](t, s.ok("image", "inspect", "app")); img.Type != cocoon.ImageTypeOCI || img.Name != "app" {
 			t.Fatalf("inspect: %+v", img)
 		}
 	})
+}
+
+// erofsHasTar reports whether the installed mkfs.erofs converts tar streams (--tar, erofs-utils
+// 1.6 and later).
+func erofsHasTar() bool {
+	out, _ := exec.Command("mkfs.erofs", "--help").CombinedOutput()
+	return strings.Contains(string(out), "--tar")
 }

@@ -45,7 +45,8 @@ func (n *node) dialFromNode(addr string) string {
 	var line string
 	n.inNode(func() error {
 		var err error
-		deadline := time.Now().Add(30 * time.Second)
+		// Generous: a real kernel under software emulation boots in seconds, more on a busy machine.
+		deadline := time.Now().Add(90 * time.Second)
 		for {
 			line, err = readLine(addr)
 			if err == nil || time.Now().After(deadline) {

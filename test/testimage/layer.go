@@ -14,6 +14,9 @@ import (
 type LayerOptions struct {
 	// Guest is the behaviour of VMs booted from the image; the zero value is a normal guest.
 	Guest guest.Spec
+	// Kernel and Initrd, when set, are a real kernel and initramfs for boot/: the simulator runs
+	// such a kernel under QEMU instead of the simulated guest.
+	Kernel, Initrd []byte
 }
 
 // archiveTime is the fixed modification time of generated entries, so output is reproducible.
@@ -29,8 +32,8 @@ func WriteOCILayer(w io.Writer, opts LayerOptions) error {
 		return err
 	}
 	files := []archiveFile{
-		{name: "boot/vmlinuz", data: placeholder("kernel")},
-		{name: "boot/initrd.img", data: placeholder("initrd")},
+		{name: "boot/vmlinuz", data: orPlaceholder(opts.Kernel, "kernel")},
+		{name: "boot/initrd.img", data: orPlaceholder(opts.Initrd, "initrd")},
 	}
 	if !opts.Guest.IsZero() {
 		spec, err := json.MarshalIndent(opts.Guest, "", "  ")
@@ -53,6 +56,13 @@ type archiveFile struct {
 	name       string
 	data       []byte
 	sparseSize int64
+}
+
+func orPlaceholder(data []byte, what string) []byte {
+	if len(data) > 0 {
+		return data
+	}
+	return placeholder(what)
 }
 
 // placeholder is the content of a boot file the simulated guest never executes.

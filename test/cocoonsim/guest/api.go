@@ -100,6 +100,13 @@ func (v *vmm) handlePowerButton(w http.ResponseWriter, _ *http.Request) {
 		v.logger.Printf("vm.power-button: guest ignores the power button")
 		return
 	}
+	v.mu.Lock()
+	real, isReal := v.os.(*qemuOS)
+	v.mu.Unlock()
+	if isReal {
+		go real.pressPowerButton()
+		return
+	}
 	go v.powerOff("ACPI power button")
 }
 

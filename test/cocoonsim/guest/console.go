@@ -37,10 +37,14 @@ func newConsole(sink io.Writer) *console {
 // Printf queues one console line (the guest's line ending, "\r\n", is added). It drops the line
 // when the queue is full rather than stall the guest.
 func (c *console) Printf(format string, args ...any) {
-	line := []byte(fmt.Sprintf(format, args...) + "\r\n")
+	c.write([]byte(fmt.Sprintf(format, args...) + "\r\n"))
+}
+
+// write queues raw console output, dropping it when the queue is full.
+func (c *console) write(data []byte) {
 	c.pending.Add(1)
 	select {
-	case c.lines <- line:
+	case c.lines <- data:
 	default:
 		c.pending.Add(-1)
 	}

@@ -5,16 +5,17 @@ import "fmt"
 // bootGuestOS starts the operating system of a cold-booted VM behind its NICs, whose TAP queues
 // the hypervisor has already opened (in nics order, cfg.Nets order).
 //
-// This is the one place that decides what runs inside the VM. Today it is always the simulated
-// guest OS, which reads its network from the boot args as a guest would. A real-kernel engine
-// plugs in here: when cfg.Payload.Kernel is a real bzImage it would run that kernel (with
-// cfg.Payload's initramfs and command line, cfg.CPUs and cfg.Memory, and v.console as its
-// console) under QEMU on the same open TAP queues and MACs (nics[i].queues, nics[i].net.Mac),
-// and return itself as the guestOS. Snapshot restore (resumeGuestOS) stays simulated.
+// This is the one place that decides what runs inside the VM: a real kernel (a bzImage, which test
+// images carry to prove the data path) boots under QEMU on the VM's TAPs; anything else is the
+// simulated guest OS, which reads its network from the boot args as a guest would. Snapshot
+// restore (resumeGuestOS) stays simulated.
 func (v *vmm) bootGuestOS(cfg *VMConfig, nics []*nic) (guestOS, error) {
 	netState, err := networkFromBootArgs(cfg, v.runDir)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.Payload != nil && isBzImage(cfg.Payload.Kernel) {
+		return v.startQEMU(cfg, nics, netState)
 	}
 	v.printBanner(cfg)
 	s, err := v.startSimulatedGuest(netState, nics)

@@ -68,4 +68,5 @@ func (d *nic) close() {
 	for _, q := range d.queues {
 		_ = q.Close()
 	}
+	d.queues = nil
 }
