@@ -54,7 +54,8 @@ JSON
 cat "$work/net.d/10-pods.conflist"
 
 step "Starting cocoon-cri on the cocoon simulator, in the node's namespace (log: $work/cocoon-cri.log)"
-on_node "$bin/cocoon-cri" --socket "$sock" --state-dir "$work/state" --cocoon-binary "$bin/cocoon-sim" \
+# nsenter execs cocoon-cri, so $! is the daemon's PID.
+nsenter --net="$node_ns" -- "$bin/cocoon-cri" --socket "$sock" --state-dir "$work/state" --cocoon-binary "$bin/cocoon-sim" \
   --cocoon-root-dir "$cocoon_root" --cocoon-run-dir "$cocoon_run" --cocoon-log-dir "$cocoon_log" \
   --netns-dir "$work/netns" --cni-conf-dir "$work/net.d" --cni-bin-dir /usr/lib/cni >"$work/cocoon-cri.log" 2>&1 &
 daemon_pid=$!
@@ -120,7 +121,7 @@ cocoon:   $bin/cocoon-sim --root-dir $cocoon_root --run-dir $cocoon_run --log-di
 log:      $work/cocoon-cri.log
 node:     nsenter --net=$node_ns busybox nc $ip2 8080
 To stop:  $bin/crictl --runtime-endpoint unix://$sock rmp --force $pod $pod2; kill $daemon_pid;
-          umount $work/*netns/* $node_ns; rm -rf $work
+          umount $node_ns; rm -rf $work
 TXT
   exit 0
 fi
