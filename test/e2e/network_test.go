@@ -15,6 +15,7 @@ import (
 	"github.com/vishvananda/netlink"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/pkg/faultpoint"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim"
 )
@@ -88,7 +89,12 @@ func (n *node) neighbourMAC(ip string) string {
 func TestPodIPReachesTheGuest(t *testing.T) {
 	n := newNode(t)
 	n.withReachableImage()
-	podID, ctrID, _ := n.runningPod("web", cloudRef)
+	pod := n.podConfig("web", "uid-web")
+	pod.DnsConfig = &runtimeapi.DNSConfig{Servers: []string{"10.96.0.10", "10.96.0.11"}, Searches: []string{"default.svc.cluster.local"}}
+	podFile := n.configFile("pod.json", pod)
+	podID := n.mustCrictl("runp", "--runtime", "cocoon", podFile)
+	ctrID := n.mustCrictl("create", "--no-pull", podID, n.configFile("ctr.json", containerConfig("app", cloudRef)), podFile)
+	n.mustCrictl("start", ctrID)
 	ip := n.podIP(podID)
 	if _, subnet, _ := net.ParseCIDR(nodeSubnet); !subnet.Contains(net.ParseIP(ip)) {
 		t.Fatalf("pod IP %s is not in the node's pod network %s", ip, nodeSubnet)
@@ -109,6 +115,34 @@ func TestPodIPReachesTheGuest(t *testing.T) {
 	if len(vm.NetworkConfigs) != 1 || vm.NetworkConfigs[0].Mac != podMAC || vm.NetworkConfigs[0].Network == nil || vm.NetworkConfigs[0].Network.IP != ip {
 		t.Fatalf("cocoon's view of the VM NIC: %+v", vm.NetworkConfigs)
 	}
+	// The guest's resolvers are the pod's: cocoon put them in the guest's cloud-init data.
+	if dns := guestDNS(t, vm); strings.Join(dns, ",") != "10.96.0.10,10.96.0.11" {
+		t.Fatalf("guest DNS servers %v, want the pod's", dns)
+	}
+}
+
+// guestDNS reads the DNS servers from a cloud-image VM's cloud-init data, as the simulator writes
+// it (JSON in place of cocoon's FAT image).
+func guestDNS(t *testing.T, vm *cocoon.VM) []string {
+	t.Helper()
+	for _, sc := range vm.StorageConfigs {
+		if sc.Role != cocoon.StorageRoleCidata {
+			continue
+		}
+		data, err := os.ReadFile(sc.Path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var seed struct {
+			DNS []string `json:"dns"`
+		}
+		if err := json.Unmarshal(data, &seed); err != nil {
+			t.Fatalf("cidata %s: %v", sc.Path, err)
+		}
+		return seed.DNS
+	}
+	t.Fatalf("VM %s has no cloud-init data", vm.ID)
+	return nil
 }
 
 // TestRestartedContainerKeepsThePodAddress: a new container in the same pod (the kubelet's
