@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -83,34 +82,12 @@ func TestVersionAndBadFlags(t *testing.T) {
 // not run.
 func TestRuntimeReadyFollowsCocoon(t *testing.T) {
 	n := newNode(t, "--cocoon-binary", "/nonexistent/cocoon", "--serve-default-handler")
-	var info struct {
-		Status struct {
-			Conditions []struct {
-				Type    string `json:"type"`
-				Status  bool   `json:"status"`
-				Reason  string `json:"reason"`
-				Message string `json:"message"`
-			} `json:"conditions"`
-		} `json:"status"`
-		RuntimeHandlers []struct {
-			Name string `json:"name"`
-		} `json:"runtimeHandlers"`
-	}
-	if err := json.Unmarshal([]byte(n.mustCrictl("info", "-o", "json")), &info); err != nil {
-		t.Fatal(err)
-	}
-	conditions := map[string]bool{}
-	for _, c := range info.Status.Conditions {
-		conditions[c.Type] = c.Status
-		if c.Type == "RuntimeReady" && (c.Reason != "CocoonUnavailable" || !strings.Contains(c.Message, "/nonexistent/cocoon")) {
-			t.Errorf("RuntimeReady reason %q message %q", c.Reason, c.Message)
-		}
-	}
-	if ready, ok := conditions["RuntimeReady"]; !ok || ready {
-		t.Fatalf("RuntimeReady with no cocoon: %+v", info.Status.Conditions)
+	ready, ok := n.conditions()["RuntimeReady"]
+	if !ok || ready.Status || ready.Reason != "CocoonUnavailable" || !strings.Contains(ready.Message, "/nonexistent/cocoon") {
+		t.Fatalf("RuntimeReady with no cocoon: %+v", ready)
 	}
 	var handlers []string
-	for _, h := range info.RuntimeHandlers {
+	for _, h := range n.info().RuntimeHandlers {
 		handlers = append(handlers, h.Name)
 	}
 	if strings.Join(handlers, ",") != ",cocoon" {

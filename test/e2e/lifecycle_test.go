@@ -1,8 +1,6 @@
 package e2e
 
 import (
-	"fmt"
-	"slices"
 	"strings"
 	"testing"
 
@@ -232,31 +230,4 @@ func TestFailedStartLeavesNoVM(t *testing.T) {
 		t.Fatalf("the failed start left VMs: %+v", vms)
 	}
 	n.crictlFails("FailedPrecondition", "start", ctrID)
-}
-
-// TestManyPodsLeaveNothingBehind creates and removes pods in a row and checks that no VM, namespace
-// or record survives.
-func TestManyPodsLeaveNothingBehind(t *testing.T) {
-	n := newNode(t)
-	n.withSnapshot()
-	var pods []string
-	for i := range 5 {
-		podID, _, _ := n.runningPod(fmt.Sprintf("p%d", i), snapRef)
-		pods = append(pods, podID)
-	}
-	if got := len(n.vms()); got != 5 {
-		t.Fatalf("%d VMs running, want 5", got)
-	}
-	listed := strings.Fields(n.mustCrictl("pods", "-q"))
-	slices.Sort(listed)
-	slices.Sort(pods)
-	if !slices.Equal(listed, pods) {
-		t.Fatalf("crictl pods = %v, want %v", listed, pods)
-	}
-	for _, p := range pods {
-		n.mustCrictl("rmp", "--force", p)
-	}
-	if vms, ns, ps := n.vms(), n.netns(), n.mustCrictl("ps", "-a", "-q"); len(vms)+len(ns) != 0 || ps != "" {
-		t.Fatalf("left behind: VMs %+v, namespaces %v, containers %q", vms, ns, ps)
-	}
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -238,25 +239,48 @@ func (n *node) waitNetworkReady(want bool) {
 
 func (n *node) networkCondition() (bool, string) {
 	n.t.Helper()
-	var info struct {
-		Status struct {
-			Conditions []struct {
-				Type   string `json:"type"`
-				Status bool   `json:"status"`
-				Reason string `json:"reason"`
-			} `json:"conditions"`
-		} `json:"status"`
+	c, ok := n.conditions()["NetworkReady"]
+	if !ok {
+		n.t.Fatal("no NetworkReady condition")
 	}
+	return c.Status, c.Reason
+}
+
+// condition is a runtime condition as crictl info prints it.
+type condition struct {
+	Type    string `json:"type"`
+	Status  bool   `json:"status"`
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
+}
+
+// runtimeInfo is the part of crictl info the tests read.
+type runtimeInfo struct {
+	Status struct {
+		Conditions []condition `json:"conditions"`
+	} `json:"status"`
+	RuntimeHandlers []struct {
+		Name string `json:"name"`
+	} `json:"runtimeHandlers"`
+}
+
+func (n *node) info() runtimeInfo {
+	n.t.Helper()
+	var info runtimeInfo
 	if err := json.Unmarshal([]byte(n.mustCrictl("info", "-o", "json")), &info); err != nil {
 		n.t.Fatal(err)
 	}
-	for _, c := range info.Status.Conditions {
-		if c.Type == "NetworkReady" {
-			return c.Status, c.Reason
-		}
+	return info
+}
+
+// conditions are the runtime's conditions by type.
+func (n *node) conditions() map[string]condition {
+	n.t.Helper()
+	out := map[string]condition{}
+	for _, c := range n.info().Status.Conditions {
+		out[c.Type] = c
 	}
-	n.t.Fatal("no NetworkReady condition")
-	return false, ""
+	return out
 }
 
 // leftovers is what a removed pod must not leave on the node.
@@ -295,12 +319,28 @@ func (n *node) leftovers() []string {
 func TestManyPodsLeaveNoNetworkBehind(t *testing.T) {
 	n := newNode(t)
 	n.withSnapshot()
-	for i := range 20 {
-		podID, _, _ := n.runningPod(fmt.Sprintf("p%d", i), snapRef)
-		if i%2 == 0 {
-			n.mustCrictl("stopp", podID)
+	// Ten at a time: ten VMs run together, then go.
+	for batch := range 2 {
+		var pods []string
+		for i := range 10 {
+			podID, _, _ := n.runningPod(fmt.Sprintf("p%d-%d", batch, i), snapRef)
+			pods = append(pods, podID)
 		}
-		n.mustCrictl("rmp", "--force", podID)
+		if got := len(n.vms()); got != 10 {
+			t.Fatalf("%d VMs running, want 10", got)
+		}
+		listed := strings.Fields(n.mustCrictl("pods", "-q"))
+		slices.Sort(listed)
+		slices.Sort(pods)
+		if !slices.Equal(listed, pods) {
+			t.Fatalf("crictl pods = %v, want %v", listed, pods)
+		}
+		for i, podID := range pods {
+			if i%2 == 0 {
+				n.mustCrictl("stopp", podID)
+			}
+			n.mustCrictl("rmp", "--force", podID)
+		}
 	}
 	if left := n.leftovers(); len(left) != 0 {
 		t.Fatalf("left behind: %v", left)
