@@ -11,6 +11,7 @@ declare -A needs=(
   [nsenter]=util-linux       # runs the test node (cocoon-cri) inside its private network namespace
   [iptables]=iptables        # the portmap CNI plugin programs host ports with it
   [/usr/lib/cni/bridge]=containernetworking-plugins   # the reference CNI plugins: bridge, host-local, portmap, loopback
+  [/usr/sbin/sshd]=openssh-server   # the simulated guest runs it for ssh_authorized_key; never the host's own
 )
 
 missing=()
@@ -25,6 +26,43 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 echo "setup: installing ${missing[*]}"
+
+# Installing a package must not start (or later boot) a daemon on this host. policy-rc.d exiting
+# 101 forbids every service start while apt runs; one already in place is put back afterwards.
+policy=/usr/sbin/policy-rc.d
+saved_policy=""
+if [ -e "$policy" ]; then
+  saved_policy=$(mktemp)
+  cp -p "$policy" "$saved_policy"
+fi
+restore_policy() {
+  if [ -n "$saved_policy" ]; then mv -f "$saved_policy" "$policy"; else rm -f "$policy"; fi
+}
+trap restore_policy EXIT
+printf '#!/bin/sh\n# hack/setup.sh: no service starts while packages are installed\nexit 101\n' >"$policy"
+chmod 755 "$policy"
+
+# A listener on port 22 (TCP, IPv4 or IPv6), read from /proc so no tool is needed.
+listens_on_ssh_port() { grep -qE '^ *[0-9]+: [0-9A-F]+:0016 [0-9A-F]+:0000 0A' /proc/net/tcp /proc/net/tcp6 2>/dev/null; }
+ssh_port_was_busy=false
+listens_on_ssh_port && ssh_port_was_busy=true
+
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+
+if [[ " ${missing[*]} " == *" openssh-server "* ]]; then
+  # Only the guests run sshd. Debian's init script and ssh.service both refuse to start it while
+  # this file exists; what the package's postinst enabled is disabled again.
+  touch /etc/ssh/sshd_not_to_be_run
+  if command -v deb-systemd-helper >/dev/null 2>&1; then
+    deb-systemd-helper disable ssh.service ssh.socket >/dev/null 2>&1 || true
+  fi
+  if [ -x /etc/init.d/ssh ]; then
+    update-rc.d ssh disable >/dev/null 2>&1 || true
+  fi
+  if ! $ssh_port_was_busy && listens_on_ssh_port; then
+    echo "setup: something now listens on this host's port 22; installing openssh-server must not start sshd" >&2
+    exit 1
+  fi
+fi

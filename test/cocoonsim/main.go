@@ -7,6 +7,7 @@ package cocoonsim
 
 import (
 	"context"
+	"errors"
 	"io"
 	"os"
 	"os/signal"
@@ -16,8 +17,9 @@ import (
 )
 
 // Main runs one cocoon command line (args without the program name) and returns the process
-// exit code: 0 on success, 1 on any error, as cocoon. When the process was started as a simulated
-// hypervisor it runs that instead and never returns to the CLI.
+// exit code: 0 on success, 1 on any error, as cocoon (vm exec: the guest command's own). When
+// the process was started as a simulated hypervisor it runs that instead and never returns to
+// the CLI.
 func Main(args []string) int {
 	if handled, code := guest.Main(); handled {
 		return code
@@ -28,6 +30,10 @@ func Main(args []string) int {
 	root := a.rootCommand()
 	root.SetArgs(args)
 	if err := root.ExecuteContext(ctx); err != nil {
+		// vm exec passes the guest command's exit code on as its own, as newer cocoon does.
+		if exit, ok := errors.AsType[*execExitError](err); ok {
+			return exit.code
+		}
 		return 1
 	}
 	return 0

@@ -1,6 +1,10 @@
 package cocoonsim
 
-import "github.com/spf13/cobra"
+import (
+	"github.com/spf13/cobra"
+
+	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
+)
 
 // vmCommand builds "cocoon vm" with cocoon's subcommands, flags and defaults (cmd/vm/commands.go).
 func (a *app) vmCommand() *cobra.Command {
@@ -58,6 +62,10 @@ func (a *app) vmCommand() *cobra.Command {
 	statusCmd.Flags().String("format", "", "output format: json (event mode only)")
 
 	vmCmd.AddCommand(createCmd, runCmd, cloneCmd, startCmd, stopCmd, listCmd, inspectCmd, consoleCmd, rmCmd, restoreCmd, debugCmd, statusCmd)
+	// vm exec is newer cocoon's; without it the simulator is v0.3.8, where cobra knows no such command.
+	if !guest.ExecDisabled() {
+		vmCmd.AddCommand(a.execCommand())
+	}
 	return vmCmd
 }
 

@@ -46,7 +46,7 @@ func (a *app) vmInspect(cmd *cobra.Command, args []string) error {
 		return fmt.Errorf("inspect: %w", err)
 	}
 	vm.State = reconcileState(vm)
-	return outputJSON(cmd.OutOrStdout(), vm)
+	return outputJSON(cmd.OutOrStdout(), withVsockSocket(vm))
 }
 
 // listAllVMs lists both backends, sorted by creation time.

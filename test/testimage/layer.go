@@ -36,6 +36,9 @@ func WriteOCILayer(w io.Writer, opts LayerOptions) error {
 		{name: "boot/initrd.img", data: orPlaceholder(opts.Initrd, "initrd")},
 	}
 	if !opts.Guest.IsZero() {
+		if err := opts.Guest.Validate(); err != nil {
+			return fmt.Errorf("guest behaviour: %w", err)
+		}
 		spec, err := json.MarshalIndent(opts.Guest, "", "  ")
 		if err != nil {
 			return fmt.Errorf("marshal guest behaviour: %w", err)

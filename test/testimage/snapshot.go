@@ -295,6 +295,9 @@ func (s *snapshotLayout) dataFiles() ([]archiveFile, error) {
 		return nil, err
 	}
 	if !o.Guest.IsZero() {
+		if err := o.Guest.Validate(); err != nil {
+			return nil, fmt.Errorf("guest behaviour: %w", err)
+		}
 		if err := add(guest.SpecFile, o.Guest); err != nil {
 			return nil, err
 		}

@@ -170,3 +170,38 @@ func TestOCILayer(t *testing.T) {
 		t.Fatalf("behaviour file: %+v, %v", parsed, err)
 	}
 }
+
+func TestGuestServicesTravelWithImagesAndSnapshots(t *testing.T) {
+	key := "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIL2C3FuoQG8R0oRvmgF0YXt37dTd+Osn3bjLFq88howp test"
+	spec := guest.Spec{HTTPPort: 80, SSHAuthorizedKey: key}
+	var layer bytes.Buffer
+	if err := testimage.WriteOCILayer(&layer, testimage.LayerOptions{Guest: spec}); err != nil {
+		t.Fatal(err)
+	}
+	var snapshot bytes.Buffer
+	if err := testimage.WriteSnapshotArchive(&snapshot, testimage.SnapshotOptions{Name: "svc", Guest: spec}); err != nil {
+		t.Fatal(err)
+	}
+	for what, archive := range map[string][]byte{"layer": layer.Bytes(), "snapshot": snapshot.Bytes()} {
+		var found bool
+		for _, e := range readArchive(t, archive) {
+			if e.hdr.Name != guest.SpecFile {
+				continue
+			}
+			found = true
+			if parsed, err := guest.ParseSpec(e.data); err != nil || parsed != spec {
+				t.Errorf("%s behaviour file: %+v, %v", what, parsed, err)
+			}
+		}
+		if !found {
+			t.Errorf("%s has no behaviour file", what)
+		}
+	}
+	bad := guest.Spec{HTTPPort: guest.ProbePort}
+	if err := testimage.WriteOCILayer(io.Discard, testimage.LayerOptions{Guest: bad}); err == nil {
+		t.Error("a layer with an impossible behaviour was written")
+	}
+	if err := testimage.WriteSnapshotArchive(io.Discard, testimage.SnapshotOptions{Guest: bad}); err == nil {
+		t.Error("a snapshot with an impossible behaviour was written")
+	}
+}

@@ -2,7 +2,8 @@
 //
 //	mktestimage snapshot [--name N --cpu 1 --memory 512M --storage 10G --image-type oci|cloudimg
 //	                      --hypervisor cloud-hypervisor --nics 0 --root-dir DIR --install-base
-//	                      --ignore-power-button --poweroff-after 30s --crash-after 10s] -o FILE
+//	                      --ignore-power-button --poweroff-after 30s --crash-after 10s --fail-boot
+//	                      --http-port 80 --ssh-authorized-key "$(cat id_ed25519.pub)"] -o FILE
 //	mktestimage qcow2 --size 1G -o FILE
 //	mktestimage layer [--ignore-power-button ...] -o FILE
 //
@@ -123,6 +124,8 @@ func addGuestFlags(cmd *cobra.Command, spec *guest.Spec) {
 	f.DurationVar((*time.Duration)(&spec.PoweroffAfter), "poweroff-after", 0, "guest powers itself off after this long")
 	f.DurationVar((*time.Duration)(&spec.CrashAfter), "crash-after", 0, "hypervisor dies abruptly after this long")
 	f.BoolVar(&spec.FailBoot, "fail-boot", false, "hypervisor fails before its API socket appears")
+	f.IntVar(&spec.HTTPPort, "http-port", 0, "guest serves HTTP on this port (GET / answers 200 with its hostname)")
+	f.StringVar(&spec.SSHAuthorizedKey, "ssh-authorized-key", "", `guest runs sshd on port 22 for root with this public key ("ssh-ed25519 AAAA...")`)
 }
 
 func addOutputFlag(cmd *cobra.Command, output *string) {

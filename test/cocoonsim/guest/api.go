@@ -133,6 +133,7 @@ func (v *vmm) handleResume(w http.ResponseWriter, _ *http.Request) {
 		v.resumePending = false
 		v.console.Printf("%s cocoon-sim: resumed from snapshot", v.uptime())
 		v.printReady()
+		v.console.acceptInput(true)
 		v.startBehaviours()
 	}
 	v.state = stateRunning

@@ -3,6 +3,7 @@ package guest
 import (
 	"fmt"
 	"io"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -13,16 +14,24 @@ const consoleQueueLines = 256
 
 // console is the guest's console device as seen from inside the guest: it prints lines and never
 // blocks. A device goroutine moves queued lines to the sink (a PTY or a serial socket), where a
-// write may block on a slow or absent reader without holding up the guest.
+// write may block on a slow or absent reader without holding up the guest. What is typed on the
+// device reaches the guest's tty once the guest is up (see typed).
 type console struct {
 	lines   chan []byte
 	pending atomic.Int64 // queued or being written
+
+	accepting atomic.Bool // a simulated guest reads the console
+	ttyMu     sync.Mutex
+	tty       cookedTTY
 }
 
-// newConsole starts the device goroutine that feeds sink. A nil sink discards output, like a
-// console in "Off" mode.
-func newConsole(sink io.Writer) *console {
-	c := &console{lines: make(chan []byte, consoleQueueLines)}
+func newConsole() *console {
+	return &console{lines: make(chan []byte, consoleQueueLines)}
+}
+
+// run starts the device goroutine that feeds sink. A nil sink discards output, like a console in
+// "Off" mode.
+func (c *console) run(sink io.Writer) {
 	go func() {
 		for line := range c.lines {
 			if sink != nil {
@@ -31,7 +40,6 @@ func newConsole(sink io.Writer) *console {
 			c.pending.Add(-1)
 		}
 	}()
-	return c
 }
 
 // Printf queues one console line (the guest's line ending, "\r\n", is added). It drops the line
@@ -57,4 +65,21 @@ func (c *console) Flush(timeout time.Duration) {
 	for c.pending.Load() > 0 && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// acceptInput says whether a simulated guest runs to read the console: before it is up, after
+// it stopped, and under a real kernel (which has its own tty), input is dropped here.
+func (c *console) acceptInput(on bool) {
+	c.accepting.Store(on)
+}
+
+// typed is what the device receives from whoever is attached. The simulated guest's tty is in
+// cooked mode: it echoes the input, and the guest answers every finished line.
+func (c *console) typed(input []byte) {
+	if !c.accepting.Load() {
+		return
+	}
+	c.ttyMu.Lock()
+	defer c.ttyMu.Unlock()
+	c.tty.feed(input, c.write, func(line string) { c.Printf("you typed: %s", line) })
 }

@@ -23,6 +23,7 @@ func (v *vmm) bootGuestOS(cfg *VMConfig, nics []*nic) (guestOS, error) {
 		return nil, err
 	}
 	v.printReady()
+	v.console.acceptInput(true)
 	return s, nil
 }
 
@@ -33,7 +34,11 @@ func (v *vmm) resumeGuestOS(netState guestNetwork, nics []*nic) (guestOS, error)
 }
 
 func (v *vmm) startSimulatedGuest(netState guestNetwork, nics []*nic) (guestOS, error) {
-	s, err := startSimulatedOS(v.logger, v.name, netState)
+	plan, err := planGuest(v.runDir, v.spec, netState)
+	if err != nil {
+		return nil, err
+	}
+	s, err := startSimulatedOS(v.logger, v.name, plan, netState)
 	if err != nil {
 		return nil, err
 	}

@@ -15,12 +15,11 @@ import (
 )
 
 // The simulator re-executes its own binary to run the hypervisor (cocoon does the same for its
-// console relay, with _COCOON_CONSOLE_RELAY=1). These variables select the role and carry what a
-// real guest would learn from its disks.
+// console relay, with _COCOON_CONSOLE_RELAY=1). These variables select the role; what a real
+// guest would learn from its disks travels in planEnv.
 const (
 	roleEnv     = "_COCOON_SIM_GUEST"
 	nameEnv     = "_COCOON_SIM_VM_NAME"
-	hostnameEnv = "_COCOON_SIM_HOSTNAME"
 	roleShim    = "shim"
 	roleVMM     = "vmm"
 	roleGuestOS = "os"

@@ -22,13 +22,15 @@ type ipv4Config struct {
 	Gateway string `json:"gateway,omitempty"`
 }
 
-// guestNetwork is the guest OS's own idea of its network: its hostname and the static
-// configuration of each interface (eth<i>), settled at boot from what the hypervisor handed it.
+// guestNetwork is the guest OS's own idea of its network: its hostname, DNS servers and the
+// static configuration of each interface (eth<i>), settled at boot from what the hypervisor
+// handed it.
 // It is guest state: a snapshot keeps it and a restored guest goes on using it, whatever NICs it
 // is given afterwards (cocoon's "post-clone IP conflict window"). Interfaces without an entry
 // are left unconfigured, as a guest waiting for DHCP.
 type guestNetwork struct {
 	Hostname   string                `json:"hostname,omitempty"`
+	DNS        []string              `json:"dns,omitempty"`
 	Interfaces map[string]ipv4Config `json:"interfaces,omitempty"`
 }
 
@@ -68,6 +70,10 @@ func parseKernelCmdline(cmdline string) guestNetwork {
 		if ipHostname == "" {
 			ipHostname = f[4]
 		}
+		// As the kernel's ipconfig, the first ip= that names DNS servers sets them.
+		if len(gn.DNS) == 0 {
+			gn.DNS = dnsFields(f)
+		}
 	}
 	if gn.Hostname == "" {
 		gn.Hostname = ipHostname
@@ -99,7 +105,8 @@ func readCidata(path string, nets []Net) (guestNetwork, error) {
 		return gn, fmt.Errorf("read cloud-init seed: %w", err)
 	}
 	var seed struct {
-		Hostname string `json:"hostname"`
+		Hostname string   `json:"hostname"`
+		DNS      []string `json:"dns"`
 		Networks []struct {
 			Mac     string `json:"mac"`
 			Network *struct {
@@ -112,7 +119,7 @@ func readCidata(path string, nets []Net) (guestNetwork, error) {
 	if err := json.Unmarshal(data, &seed); err != nil {
 		return gn, fmt.Errorf("parse cloud-init seed %s: %w", path, err)
 	}
-	gn.Hostname = seed.Hostname
+	gn.Hostname, gn.DNS = seed.Hostname, seed.DNS
 	for i, n := range nets {
 		for _, entry := range seed.Networks {
 			if entry.Network == nil || entry.Network.IP == "" || !strings.EqualFold(entry.Mac, n.Mac) {
@@ -125,4 +132,19 @@ func readCidata(path string, nets []Net) (guestNetwork, error) {
 		}
 	}
 	return gn, nil
+}
+
+// dnsFields are the <dns0>:<dns1> fields (the 8th and 9th) of an ip= parameter that hold an
+// address.
+func dnsFields(fields []string) []string {
+	if len(fields) <= 7 {
+		return nil
+	}
+	var servers []string
+	for _, f := range fields[7:min(len(fields), 9)] {
+		if net.ParseIP(f) != nil {
+			servers = append(servers, f)
+		}
+	}
+	return servers
 }

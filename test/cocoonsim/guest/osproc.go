@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -22,33 +23,84 @@ const (
 	lifelineFD = 3
 	// readyFD receives "ok" once the guest has its hostname and listens, or "error: ...".
 	readyFD = 4
+	// vsockFD is the guest's end of its virtio-vsock device (see newVsockDevice).
+	vsockFD = 5
 )
 
-// runGuestOS is the simulated guest operating system. The hypervisor starts it in a network and
-// a UTS namespace of its own: the namespace's kernel stack is the guest's (its interfaces, ARP,
-// ICMP), and a hostname set in the guest stays in the guest.
+// runGuestOS is the simulated guest operating system. The hypervisor starts it in network, UTS,
+// mount and PID namespaces of its own: the namespace's kernel stack is the guest's (its
+// interfaces, ARP, ICMP), a hostname or a file set in the guest stays in the guest, and the
+// process is the guest's init, so everything running in the guest ends with it.
 func runGuestOS() int {
 	lifeline := os.NewFile(lifelineFD, "lifeline")
 	ready := os.NewFile(readyFD, "ready")
+	vsockDev := os.NewFile(vsockFD, "vsock-device")
 	report := func(format string, args ...any) {
 		_, _ = fmt.Fprintf(ready, format+"\n", args...)
 		_ = ready.Close()
 	}
-	if name := os.Getenv(hostnameEnv); name != "" {
-		if err := unix.Sethostname([]byte(name)); err != nil {
-			report("error: sethostname %q: %v", name, err)
-			return 1
-		}
-	}
-	ln, err := net.Listen("tcp", ":"+strconv.Itoa(ProbePort))
-	if err != nil {
-		report("error: listen on probe port: %v", err)
+	if err := bootGuestServices(vsockDev); err != nil {
+		report("error: %v", err)
 		return 1
 	}
 	report("ok")
-	go serveProbes(ln)
 	_, _ = io.Copy(io.Discard, lifeline)
 	return 0
+}
+
+// bootGuestServices does what the guest's init does before it is up: its mounts, hostname and
+// loopback, then its services: the probe port, the web server and sshd when the image asks for
+// them, and the agent on its vsock port.
+func bootGuestServices(vsockDev *os.File) error {
+	plan, err := readPlan()
+	if err != nil {
+		return err
+	}
+	if err := setupMounts(plan); err != nil {
+		return err
+	}
+	// exec.Command looks commands up in this PATH, as cocoon-agent does in its own.
+	if err := os.Setenv("PATH", guestPATH); err != nil {
+		return err
+	}
+	if err := unix.Sethostname([]byte(plan.Hostname)); err != nil {
+		return fmt.Errorf("sethostname %q: %w", plan.Hostname, err)
+	}
+	if err := setLoopbackUp(); err != nil {
+		return err
+	}
+	probes, err := net.Listen("tcp", ":"+strconv.Itoa(ProbePort))
+	if err != nil {
+		return fmt.Errorf("listen on probe port: %w", err)
+	}
+	go serveProbes(probes)
+	if plan.HTTPPort != 0 {
+		web, err := listenWeb(plan.HTTPPort)
+		if err != nil {
+			return err
+		}
+		go serveWeb(web)
+	}
+	r := newReaper()
+	if plan.SSHDConfig != "" {
+		if err := startSSHD(r, plan.SSHDConfig); err != nil {
+			return err
+		}
+	}
+	a := &agent{reaper: r}
+	go func() { _ = vsockPorts{AgentPort: a.serve}.serve(vsockDev) }()
+	return nil
+}
+
+func setLoopbackUp() error {
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("find lo: %w", err)
+	}
+	if err := netlink.LinkSetUp(lo); err != nil {
+		return fmt.Errorf("set lo up: %w", err)
+	}
+	return nil
 }
 
 func serveProbes(ln net.Listener) {

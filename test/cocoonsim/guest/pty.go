@@ -2,7 +2,6 @@ package guest
 
 import (
 	"fmt"
-	"io"
 	"os"
 	"syscall"
 
@@ -20,8 +19,9 @@ type ptyConsole struct {
 }
 
 // openPTY allocates a PTY pair and puts the slave side in raw mode, so bytes reach a reader
-// unchanged and nothing is echoed back into the guest.
-func openPTY() (*ptyConsole, error) {
+// unchanged and the host's tty layer echoes nothing: the guest's own tty does (see console).
+// What is written to the slave is handed to typed.
+func openPTY(typed func([]byte)) (*ptyConsole, error) {
 	master, err := os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open /dev/ptmx: %w", err)
@@ -50,9 +50,19 @@ func openPTY() (*ptyConsole, error) {
 		return nil, fmt.Errorf("raw mode on %s: %w", path, err)
 	}
 	p := &ptyConsole{master: master, slave: slave, path: path}
-	// Console input is not interpreted yet; drain it so a writer attached to the slave never
-	// blocks. This is where echo or a guest shell would hook in.
-	go func() { _, _ = io.Copy(io.Discard, master) }()
+	// Input is always read, so a writer attached to the slave never blocks.
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			n, err := master.Read(buf)
+			if n > 0 {
+				typed(buf[:n])
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
 	return p, nil
 }
 

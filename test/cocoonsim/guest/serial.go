@@ -3,7 +3,6 @@ package guest
 import (
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"sync"
@@ -22,14 +21,15 @@ const (
 // connected is kept (bounded) and replayed to the next client, so a reader that attaches after
 // boot still sees the banner.
 type serialSocket struct {
-	ln net.Listener
+	ln    net.Listener
+	typed func([]byte) // receives what the client writes
 
 	mu      sync.Mutex
 	client  net.Conn
 	backlog []byte
 }
 
-func listenSerial(path string) (*serialSocket, error) {
+func listenSerial(path string, typed func([]byte)) (*serialSocket, error) {
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("remove stale %s: %w", path, err)
 	}
@@ -37,7 +37,7 @@ func listenSerial(path string) (*serialSocket, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", path, err)
 	}
-	s := &serialSocket{ln: ln}
+	s := &serialSocket{ln: ln, typed: typed}
 	go s.acceptLoop()
 	return s, nil
 }
@@ -64,14 +64,22 @@ func (s *serialSocket) acceptLoop() {
 			}
 		}
 		s.mu.Unlock()
-		go s.drainInput(conn)
+		go s.readInput(conn)
 	}
 }
 
-// drainInput discards what the client types (console input is not interpreted yet) and notices
-// when the client goes away.
-func (s *serialSocket) drainInput(conn net.Conn) {
-	_, _ = io.Copy(io.Discard, conn)
+// readInput passes on what the client types and notices when the client goes away.
+func (s *serialSocket) readInput(conn net.Conn) {
+	buf := make([]byte, 4096)
+	for {
+		n, err := conn.Read(buf)
+		if n > 0 {
+			s.typed(buf[:n])
+		}
+		if err != nil {
+			break
+		}
+	}
 	s.mu.Lock()
 	s.dropLocked(conn)
 	s.mu.Unlock()

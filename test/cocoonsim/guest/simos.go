@@ -35,15 +35,17 @@ type guestOS interface {
 	stop()
 }
 
-// simulatedOS is the stand-in guest operating system: a process in network and UTS namespaces of
-// its own, with one eth<i> per NIC relayed to the NIC's TAP. Its namespaces and interfaces exist
-// only while that process and the hypervisor live.
+// simulatedOS is the stand-in guest operating system: a process in network, UTS, mount and PID
+// namespaces of its own, with one eth<i> per NIC relayed to the NIC's TAP and a virtio-vsock
+// device its agent answers on. Its namespaces and interfaces exist only while that process and
+// the hypervisor live.
 type simulatedOS struct {
 	logger   *log.Logger
 	netState guestNetwork
 	proc     *exec.Cmd
 	exited   chan struct{}
 	lifeline *os.File // write end; closing it ends the guest
+	vsock    *net.UnixConn
 	guestNS  netns.NsHandle
 	relayNS  netns.NsHandle
 
@@ -51,12 +53,16 @@ type simulatedOS struct {
 	links map[string]*nicLink // by device ID
 }
 
-// startSimulatedOS starts the guest OS process with the hostname of netState and waits until it
-// listens. It has no NIC yet.
-func startSimulatedOS(logger *log.Logger, vmName string, netState guestNetwork) (_ *simulatedOS, err error) {
+// startSimulatedOS starts the guest OS process as plan says, with the network state netState,
+// and waits until it listens. It has no NIC yet.
+func startSimulatedOS(logger *log.Logger, vmName string, plan osPlan, netState guestNetwork) (_ *simulatedOS, err error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("find own executable: %w", err)
+	}
+	planEnv, err := plan.env()
+	if err != nil {
+		return nil, err
 	}
 	lifeR, lifeW, err := os.Pipe()
 	if err != nil {
@@ -69,28 +75,34 @@ func startSimulatedOS(logger *log.Logger, vmName string, netState guestNetwork) 
 		return nil, fmt.Errorf("ready pipe: %w", err)
 	}
 	defer readyR.Close() //nolint:errcheck
-	hostname := netState.Hostname
-	if hostname == "" {
-		hostname = "localhost"
+	vsockHost, vsockGuestEnd, err := newVsockDevice()
+	if err != nil {
+		_ = lifeW.Close()
+		_ = readyW.Close()
+		return nil, err
 	}
+	defer vsockGuestEnd.Close() //nolint:errcheck
 	proc := &exec.Cmd{
-		Path:        self,
-		Args:        []string{guestOSArgv0, vmName},
-		Env:         append(os.Environ(), roleEnv+"="+roleGuestOS, hostnameEnv+"="+hostname),
-		ExtraFiles:  []*os.File{lifeR, readyW},
-		Stdout:      os.Stderr,
-		Stderr:      os.Stderr,
-		SysProcAttr: &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET | syscall.CLONE_NEWUTS},
+		Path:       self,
+		Args:       []string{guestOSArgv0, vmName},
+		Env:        append(os.Environ(), roleEnv+"="+roleGuestOS, planEnv),
+		ExtraFiles: []*os.File{lifeR, readyW, vsockGuestEnd},
+		Stdout:     os.Stderr,
+		Stderr:     os.Stderr,
+		SysProcAttr: &syscall.SysProcAttr{
+			Cloneflags: syscall.CLONE_NEWNET | syscall.CLONE_NEWUTS | syscall.CLONE_NEWNS | syscall.CLONE_NEWPID,
+		},
 	}
 	startErr := proc.Start()
 	_ = readyW.Close()
 	if startErr != nil {
 		_ = lifeW.Close()
+		_ = vsockHost.Close()
 		return nil, fmt.Errorf("start guest OS: %w", startErr)
 	}
 	s := &simulatedOS{
 		logger: logger, netState: netState, proc: proc, exited: make(chan struct{}), lifeline: lifeW,
-		guestNS: netns.None(), relayNS: netns.None(), links: map[string]*nicLink{},
+		vsock: vsockHost, guestNS: netns.None(), relayNS: netns.None(), links: map[string]*nicLink{},
 	}
 	go func() {
 		_ = proc.Wait()
@@ -116,7 +128,7 @@ func startSimulatedOS(logger *log.Logger, vmName string, netState guestNetwork) 
 	if err := s.inGuest(func(h *netlink.Handle) error { return setLinkUp(h, "lo") }); err != nil {
 		return nil, err
 	}
-	logger.Printf("guest OS up (pid %d, hostname %s)", proc.Process.Pid, hostname)
+	logger.Printf("guest OS up (pid %d, hostname %s)", proc.Process.Pid, plan.Hostname)
 	return s, nil
 }
 
@@ -183,6 +195,11 @@ func (s *simulatedOS) unplug(id string) {
 
 func (s *simulatedOS) network() guestNetwork { return s.netState }
 
+// connectVsock hands a host connection to the guest's vsock device.
+func (s *simulatedOS) connectVsock(port uint32, conn *net.UnixConn) {
+	deliverVsock(s.vsock, port, conn)
+}
+
 // stop unplugs every NIC and ends the guest OS process.
 func (s *simulatedOS) stop() {
 	s.mu.Lock()
@@ -194,6 +211,7 @@ func (s *simulatedOS) stop() {
 	_ = s.lifeline.Close()
 	_ = s.proc.Process.Kill()
 	<-s.exited
+	_ = s.vsock.Close()
 	if s.guestNS.IsOpen() {
 		_ = s.guestNS.Close()
 	}

@@ -12,6 +12,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"golang.org/x/crypto/ssh"
 )
 
 // SpecFile is the name of the guest behaviour file. Test images carry it (at the root of an OCI
@@ -34,6 +36,13 @@ type Spec struct {
 	// FailBoot makes the hypervisor process exit 1 before its API socket appears, the way a
 	// broken kernel or disk image makes a real launch fail.
 	FailBoot bool `json:"fail_boot,omitempty"`
+	// HTTPPort makes the guest serve HTTP on this TCP port: GET / answers 200 with a small page
+	// naming the guest's hostname (what a web server image does; critest's port-forward test
+	// wants an HTTP 200 on port 80 of the pod IP). Zero serves nothing.
+	HTTPPort int `json:"http_port,omitempty"`
+	// SSHAuthorizedKey makes the guest run the host's real sshd on port 22, letting root in with
+	// this public key (one authorized_keys line) and nothing else. Empty runs no sshd.
+	SSHAuthorizedKey string `json:"ssh_authorized_key,omitempty"`
 }
 
 // IsZero reports whether s asks for nothing but the default behaviour.
@@ -67,7 +76,31 @@ func ParseSpec(data []byte) (Spec, error) {
 	if err := json.Unmarshal(data, &s); err != nil {
 		return Spec{}, fmt.Errorf("parse %s: %w", SpecFile, err)
 	}
+	if err := s.Validate(); err != nil {
+		return Spec{}, fmt.Errorf("%s: %w", SpecFile, err)
+	}
 	return s, nil
+}
+
+// Validate rejects a behaviour the guest could not carry out, so a bad image fails when it is
+// imported or created rather than at boot.
+func (s Spec) Validate() error {
+	if s.HTTPPort != 0 {
+		switch {
+		case s.HTTPPort < 0 || s.HTTPPort > 65535:
+			return fmt.Errorf("http_port %d is not a TCP port", s.HTTPPort)
+		case s.HTTPPort == ProbePort:
+			return fmt.Errorf("http_port %d is the guest's probe port", s.HTTPPort)
+		case s.HTTPPort == sshPort && s.SSHAuthorizedKey != "":
+			return fmt.Errorf("http_port %d is sshd's port", s.HTTPPort)
+		}
+	}
+	if s.SSHAuthorizedKey != "" {
+		if _, _, _, _, err := ssh.ParseAuthorizedKey([]byte(s.SSHAuthorizedKey)); err != nil {
+			return fmt.Errorf("ssh_authorized_key: %w", err)
+		}
+	}
+	return nil
 }
 
 // ReadSpec reads dir/SpecFile; a missing file means the default behaviour.

@@ -74,6 +74,14 @@ func runVMM(name string, args []string) int {
 		logger.Printf("Error booting VM: simulated boot failure (%s: fail_boot)", SpecFile)
 		return 1
 	}
+	if !ExecDisabled() {
+		vsock, err := v.listenVsock()
+		if err != nil {
+			logger.Printf("vsock: %v", err)
+			return 1
+		}
+		defer vsock.Close() //nolint:errcheck // also removes the socket file
+	}
 	if cfg != nil {
 		if err := v.boot(cfg); err != nil {
 			logger.Printf("Error booting VM: %v", err)
@@ -131,6 +139,7 @@ func (v *vmm) boot(cfg *VMConfig) error {
 // stopGuest ends the guest OS and closes the NICs, as a VM that shuts down releases its
 // devices. The caller holds v.mu.
 func (v *vmm) stopGuest() {
+	v.console.acceptInput(false)
 	if v.os != nil {
 		v.os.stop()
 		v.os = nil
@@ -141,23 +150,25 @@ func (v *vmm) stopGuest() {
 // attachConsole opens the device the configuration asks for: the virtio-console PTY (direct
 // boot) or the serial socket (UEFI). The guest prints to whichever is its console.
 func (v *vmm) attachConsole(cfg *VMConfig) error {
+	c := newConsole()
 	switch {
 	case cfg.Console != nil && cfg.Console.Mode == ModePty:
-		p, err := openPTY()
+		p, err := openPTY(c.typed)
 		if err != nil {
 			return err
 		}
 		cfg.Console.File = p.path
-		v.console = newConsole(p)
+		c.run(p)
 	case cfg.Serial != nil && cfg.Serial.Mode == ModeSocket:
-		s, err := listenSerial(cfg.Serial.Socket)
+		s, err := listenSerial(cfg.Serial.Socket, c.typed)
 		if err != nil {
 			return err
 		}
-		v.console = newConsole(s)
+		c.run(s)
 	default:
-		v.console = newConsole(nil)
+		c.run(nil)
 	}
+	v.console = c
 	return nil
 }
 
