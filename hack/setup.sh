@@ -12,6 +12,7 @@ declare -A needs=(
   [iptables]=iptables        # the portmap CNI plugin programs host ports with it
   [/usr/lib/cni/bridge]=containernetworking-plugins   # the reference CNI plugins: bridge, host-local, portmap, loopback
   [/usr/sbin/sshd]=openssh-server   # the simulated guest runs it for ssh_authorized_key; never the host's own
+  [docker-registry]=docker-registry  # the OCI registry (distribution v2) image pulls are tested against
 )
 
 missing=()

@@ -123,7 +123,7 @@ func TestFailedStartLeavesErrorRecordAndNoBatchJSON(t *testing.T) {
 func TestCloudImageCreateNeedsFirmwareAndQemuImg(t *testing.T) {
 	s := newSim(t)
 	qcow := filepath.Join(filepath.Dir(s.root), "disk.qcow2")
-	writeQCOW2(t, qcow, 1<<30)
+	writeQCOW2(t, qcow, 1<<30, guest.Spec{})
 	s.ok("image", "import", "cloud", qcow)
 	firmware := filepath.Join(s.root, "firmware", "CLOUDHV.fd")
 	s.fails(`image "cloud" not resolved: oci: image "cloud" not found for VM cocoon-cloud; cloudimg: firmware not found: `+firmware,
@@ -164,16 +164,33 @@ func withoutTools(t *testing.T) []string {
 	return []string{"PATH=" + t.TempDir()}
 }
 
-func writeQCOW2(t *testing.T, path string, size int64) {
+// writeQCOW2 writes a cloud image whose guests behave as spec says.
+func writeQCOW2(t *testing.T, path string, size int64, spec guest.Spec) {
 	t.Helper()
 	f, err := os.Create(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := testimage.WriteQCOW2(f, size); err != nil {
+	if err := testimage.WriteQCOW2WithGuest(f, size, spec); err != nil {
 		t.Fatal(err)
 	}
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// importCloudImage imports a 1 GiB cloud image whose guests behave as spec says, and puts the
+// placeholder UEFI firmware that cloud image VMs need in place.
+func (s *sim) importCloudImage(name string, spec guest.Spec) {
+	s.t.Helper()
+	qcow := filepath.Join(s.t.TempDir(), "disk.qcow2")
+	writeQCOW2(s.t, qcow, 1<<30, spec)
+	s.ok("image", "import", name, qcow)
+	firmware := filepath.Join(s.root, "firmware", "CLOUDHV.fd")
+	if err := os.MkdirAll(filepath.Dir(firmware), 0o750); err != nil {
+		s.t.Fatal(err)
+	}
+	if err := os.WriteFile(firmware, []byte("fw"), 0o600); err != nil {
+		s.t.Fatal(err)
 	}
 }

@@ -259,6 +259,27 @@ func TestGuestFilesAreTheGuestsOwn(t *testing.T) {
 	}
 }
 
+// A busybox guest's commands are busybox's: its top runs without a terminal, where the host's
+// procps top fails. A default guest keeps the host's userland.
+func TestBusyboxGuestUserland(t *testing.T) {
+	if _, err := exec.LookPath("busybox"); err != nil {
+		t.Skip("no busybox (Debian package busybox-static; hack/setup-realguest.sh installs it)")
+	}
+	s := newSim(t)
+	s.importSnapshot(testimage.SnapshotOptions{Name: "bb", Guest: guest.Spec{Busybox: true}})
+	s.importSnapshot(testimage.SnapshotOptions{Name: "plain"})
+	s.clone("bb", "bb")
+	s.clone("plain", "plain")
+	// top without a terminal: busybox's runs until timeout ends it (143, SIGTERM), procps' fails.
+	const probe = "timeout 1 top </dev/null >/dev/null 2>&1; echo top=$?"
+	if got := s.inGuest("bb", "sh", "-c", probe); got != "top=143\n" {
+		t.Fatalf("busybox guest: %q", got)
+	}
+	if got := s.inGuest("plain", "sh", "-c", probe); got != "top=1\n" {
+		t.Fatalf("default guest: %q", got)
+	}
+}
+
 // snapshotHostFiles describes the host's files the guest has its own copies of, and the host's
 // hostname.
 func snapshotHostFiles(t *testing.T) string {

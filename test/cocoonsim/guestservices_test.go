@@ -15,15 +15,14 @@ import (
 
 	"golang.org/x/crypto/ssh"
 
+	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/internal/nsthread"
 )
 
 func TestGuestServesHTTPAndSSH(t *testing.T) {
 	requireTool(t, "mkfs.ext4")
-	if _, err := os.Stat("/usr/sbin/sshd"); err != nil {
-		t.Skip("sshd not installed (Debian package openssh-server; hack/setup.sh installs it)")
-	}
+	requireSSHD(t)
 	lab := newNetLab(t, labOptions{})
 	root := newSSHKey(t)
 	lab.seedImage("img", guest.Spec{HTTPPort: 80, SSHAuthorizedKey: strings.TrimSpace(string(ssh.MarshalAuthorizedKey(root.PublicKey())))})
@@ -39,6 +38,61 @@ func TestGuestServesHTTPAndSSH(t *testing.T) {
 	}
 
 	// The guest's sshd has a host key of its own and lets root in with the image's key only.
+	lab.sshHostname(t, vm, root, "web")
+	if c, err := lab.sshDial(ip, newSSHKey(t), ssh.InsecureIgnoreHostKey()); err == nil || !strings.Contains(err.Error(), "unable to authenticate") {
+		if c != nil {
+			_ = c.Close()
+		}
+		t.Fatalf("ssh with another key: %v, want refused", err)
+	}
+}
+
+// A cloud image has its guest behaviour in a qcow2 header extension; one without gets the
+// default guest, which serves neither HTTP nor SSH.
+func TestCloudImageGuestBehaviourComesFromItsQCOW2(t *testing.T) {
+	requireTool(t, "qemu-img")
+	requireSSHD(t)
+	lab := newNetLab(t, labOptions{})
+	root := newSSHKey(t)
+	lab.importCloudImage("web-cloud", guest.Spec{HTTPPort: 80, SSHAuthorizedKey: strings.TrimSpace(string(ssh.MarshalAuthorizedKey(root.PublicKey())))})
+	lab.importCloudImage("plain-cloud", guest.Spec{})
+
+	lab.ok("vm", "create", "--name", "web", "--cpu", "1", "--storage", "10G", "web-cloud")
+	lab.ok("vm", "start", "web")
+	vm := lab.inspect("web")
+	ip := vm.NetworkConfigs[0].Network.IP
+	if status, body := lab.httpGet(t, "http://"+ip+"/"); status != http.StatusOK || !strings.Contains(body, "cocoon-sim guest web") {
+		t.Fatalf("GET / from the cloud image guest: %d %q", status, body)
+	}
+	lab.sshHostname(t, vm, root, "web")
+
+	plain := lab.runVM("plain-cloud", "plain", "--cpu", "1")
+	plainIP := plain.NetworkConfigs[0].Network.IP
+	lab.mustProbe(lab.ns, plainIP, "plain "+plainIP)
+	for _, port := range []string{"80", "22"} {
+		if conn, err := lab.dialFromLab(net.JoinHostPort(plainIP, port)); err == nil {
+			_ = conn.Close()
+			t.Errorf("the default guest answers on port %s", port)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(lab.run, "cloudhypervisor", plain.ID, guest.SpecFile)); err == nil {
+		t.Errorf("a cloud image without the extension gave its VM a %s", guest.SpecFile)
+	}
+	lab.ok("vm", "rm", "--force", "web", "plain")
+	lab.checkNoNetworkLeft()
+}
+
+func requireSSHD(t *testing.T) {
+	t.Helper()
+	if _, err := os.Stat("/usr/sbin/sshd"); err != nil {
+		t.Skip("sshd not installed (Debian package openssh-server; hack/setup.sh installs it)")
+	}
+}
+
+// sshHostname logs in to the guest's sshd as root with key, checking the host key the guest
+// made at its first boot, and wants hostname to print want.
+func (lab *netLab) sshHostname(t *testing.T, vm cocoon.VM, key ssh.Signer, want string) {
+	t.Helper()
 	hostKey, err := os.ReadFile(filepath.Join(lab.run, "cloudhypervisor", vm.ID, "guest", "ssh", "ssh_host_ed25519_key"))
 	if err != nil {
 		t.Fatal(err)
@@ -47,7 +101,7 @@ func TestGuestServesHTTPAndSSH(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	client, err := lab.sshDial(ip, root, ssh.FixedHostKey(hostSigner.PublicKey()))
+	client, err := lab.sshDial(vm.NetworkConfigs[0].Network.IP, key, ssh.FixedHostKey(hostSigner.PublicKey()))
 	if err != nil {
 		t.Fatalf("ssh as root with the image's key: %v", err)
 	}
@@ -57,14 +111,8 @@ func TestGuestServesHTTPAndSSH(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, err := session.Output("hostname")
-	if err != nil || string(out) != "web\n" {
-		t.Fatalf("ssh hostname: %q, %v", out, err)
-	}
-	if c, err := lab.sshDial(ip, newSSHKey(t), ssh.InsecureIgnoreHostKey()); err == nil || !strings.Contains(err.Error(), "unable to authenticate") {
-		if c != nil {
-			_ = c.Close()
-		}
-		t.Fatalf("ssh with another key: %v, want refused", err)
+	if err != nil || string(out) != want+"\n" {
+		t.Fatalf("ssh hostname: %q, %v (want %s)", out, err, want)
 	}
 }
 

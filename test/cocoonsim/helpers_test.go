@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/cocoonstack/cocoon-cri/test/hostguard"
 	"io"
 	"net"
 	"net/http"
@@ -45,8 +46,13 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "build simulator:", err)
 		os.Exit(1)
 	}
+	host := hostguard.Snapshot()
 	code := m.Run()
 	_ = os.RemoveAll(dir)
+	if err := host.Check(); err != nil {
+		fmt.Fprintln(os.Stderr, "cocoonsim tests:", err)
+		code = 1
+	}
 	os.Exit(code)
 }
 

@@ -25,7 +25,7 @@ func (a *app) imageCommand() *cobra.Command {
 		Args:  cobra.MinimumNArgs(1),
 		RunE:  a.imageImport,
 	}
-	pullCmd := &cobra.Command{Use: "pull IMAGE [IMAGE...]", Short: "Pull OCI image(s) or cloud image URL(s)", Args: cobra.MinimumNArgs(1), RunE: notSimulated("image pull")}
+	pullCmd := &cobra.Command{Use: "pull IMAGE [IMAGE...]", Short: "Pull OCI image(s) or cloud image URL(s)", Args: cobra.MinimumNArgs(1), RunE: a.imagePull}
 	pullCmd.Flags().Bool("force", false, "bypass cache and always re-download (useful when a mutable tag was replaced upstream)")
 	imageCmd.AddCommand(pullCmd, importCmd, listCmd,
 		&cobra.Command{Use: "rm ID [ID...]", Short: "Delete locally stored image(s)", Args: cobra.MinimumNArgs(1), RunE: a.imageRM},

@@ -13,13 +13,14 @@ import (
 	"testing"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
 )
 
 func TestImportQCOW2StoresCloudImageAsIs(t *testing.T) {
 	s := newSim(t)
 	path := filepath.Join(filepath.Dir(s.root), "ubuntu.qcow2")
-	writeQCOW2(t, path, 2<<30)
+	writeQCOW2(t, path, 2<<30, guest.Spec{})
 	data, _ := os.ReadFile(path)
 	sum := sha256.Sum256(data)
 	wantID := "sha256:" + hex.EncodeToString(sum[:])
@@ -65,7 +66,7 @@ func TestImportQCOW2StoresCloudImageAsIs(t *testing.T) {
 func TestImportNeedsQemuImgForOtherQCOW2(t *testing.T) {
 	s := newSim(t)
 	path := filepath.Join(filepath.Dir(s.root), "v2.qcow2")
-	writeQCOW2(t, path, 1<<30)
+	writeQCOW2(t, path, 1<<30, guest.Spec{})
 	data, _ := os.ReadFile(path)
 	binary.BigEndian.PutUint32(data[4:], 2) // a qcow2 v2 header needs conversion
 	if err := os.WriteFile(path, data, 0o600); err != nil {

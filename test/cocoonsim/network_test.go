@@ -95,16 +95,7 @@ func TestCNIGuestsReachEachOther(t *testing.T) {
 func TestCNICloudImageGuestReadsItsSeed(t *testing.T) {
 	requireTool(t, "qemu-img")
 	lab := newNetLab(t, labOptions{})
-	qcow := filepath.Join(filepath.Dir(lab.root), "disk.qcow2")
-	writeQCOW2(t, qcow, 1<<30)
-	lab.ok("image", "import", "cloud", qcow)
-	firmware := filepath.Join(lab.root, "firmware", "CLOUDHV.fd")
-	if err := os.MkdirAll(filepath.Dir(firmware), 0o750); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(firmware, []byte("fw"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	lab.importCloudImage("cloud", guest.Spec{})
 	vm := lab.runVM("cloud", "ubuntu", "--cpu", "1")
 	ip := vm.NetworkConfigs[0].Network.IP
 	lab.mustProbe(lab.ns, ip, "ubuntu "+ip)

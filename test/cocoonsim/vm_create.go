@@ -176,7 +176,9 @@ func (b *backend) create(ctx context.Context, id string, spec *vmSpec, storage [
 	if err = validateStorageConfigs(prepared); err != nil {
 		return nil, fmt.Errorf("storage invariants violated: %w", err)
 	}
-	if err = installGuestSpec(runDir, prepared); err != nil {
+	// The image's own storage, not the prepared disks: a cloud image VM's base qcow2 is only
+	// the backing file of its overlay.
+	if err = installGuestSpec(runDir, storage); err != nil {
 		return nil, err
 	}
 	vm := &cocoon.VM{

@@ -18,6 +18,8 @@ import (
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
 )
 
+const testAuthorizedKey = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIL2C3FuoQG8R0oRvmgF0YXt37dTd+Osn3bjLFq88howp test"
+
 type entry struct {
 	hdr  *tar.Header
 	data []byte
@@ -125,34 +127,130 @@ func TestQCOW2Header(t *testing.T) {
 	}
 }
 
+func TestQCOW2GuestExtensionRoundTrips(t *testing.T) {
+	spec := guest.Spec{HTTPPort: 80, PoweroffAfter: guest.Duration(time.Minute), SSHAuthorizedKey: testAuthorizedKey}
+	var buf bytes.Buffer
+	if err := testimage.WriteQCOW2WithGuest(&buf, 1<<30, spec); err != nil {
+		t.Fatal(err)
+	}
+	b := buf.Bytes()
+	if typ := binary.BigEndian.Uint32(b[104:]); typ != guest.QCOW2SpecExtension {
+		t.Fatalf("first header extension has type %#x", typ)
+	}
+	data, err := guest.ReadQCOW2Spec(bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if parsed, err := guest.ParseSpec(data); err != nil || parsed != spec {
+		t.Fatalf("behaviour read back: %+v, %v", parsed, err)
+	}
+
+	// Without a behaviour the image is the plain one, and has no extension.
+	var plain, zero bytes.Buffer
+	if err := testimage.WriteQCOW2(&plain, 1<<30); err != nil {
+		t.Fatal(err)
+	}
+	if err := testimage.WriteQCOW2WithGuest(&zero, 1<<30, guest.Spec{}); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(plain.Bytes(), zero.Bytes()) {
+		t.Fatal("a zero behaviour changed the image")
+	}
+	if data, err := guest.ReadQCOW2Spec(bytes.NewReader(plain.Bytes())); data != nil || err != nil {
+		t.Fatalf("plain image extension: %q, %v", data, err)
+	}
+	if err := testimage.WriteQCOW2WithGuest(io.Discard, 1<<30, guest.Spec{HTTPPort: guest.ProbePort}); err == nil {
+		t.Fatal("an image with an impossible behaviour was written")
+	}
+}
+
 func TestQCOW2AcceptedByQemuImg(t *testing.T) {
 	qemuImg, err := exec.LookPath("qemu-img")
 	if err != nil {
 		t.Skip("qemu-img not installed: only the header test runs")
 	}
-	path := filepath.Join(t.TempDir(), "disk.qcow2")
+	for name, spec := range map[string]guest.Spec{"plain": {}, "guest": {HTTPPort: 80, SSHAuthorizedKey: testAuthorizedKey}} {
+		dir := t.TempDir()
+		path := filepath.Join(dir, "disk.qcow2")
+		writeQCOW2File(t, path, spec)
+		out, err := exec.Command(qemuImg, "info", "--output=json", path).Output()
+		if err != nil {
+			t.Fatalf("%s: qemu-img info: %v", name, err)
+		}
+		var info struct {
+			Format      string `json:"format"`
+			VirtualSize int64  `json:"virtual-size"`
+		}
+		if err := json.Unmarshal(out, &info); err != nil || info.Format != "qcow2" || info.VirtualSize != 3<<30 {
+			t.Fatalf("%s: qemu-img info: %s (%v)", name, out, err)
+		}
+		overlay := filepath.Join(dir, "overlay.qcow2")
+		for _, argv := range [][]string{
+			{"check", path},
+			{"create", "-f", "qcow2", "-F", "qcow2", "-b", path, overlay},
+			{"check", overlay},
+			{"info", "--backing-chain", overlay},
+		} {
+			if out, err := exec.Command(qemuImg, argv...).CombinedOutput(); err != nil {
+				t.Fatalf("%s: qemu-img %s: %v\n%s", name, argv[0], err, out)
+			}
+		}
+	}
+}
+
+// QEMU keeps header extensions it does not know when it rewrites the header, but a converted
+// image is a new one without them.
+func TestQCOW2GuestExtensionThroughQemuImg(t *testing.T) {
+	qemuImg, err := exec.LookPath("qemu-img")
+	if err != nil {
+		t.Skip("qemu-img not installed")
+	}
+	spec := guest.Spec{FailBoot: true}
+	dir := t.TempDir()
+	path, converted := filepath.Join(dir, "disk.qcow2"), filepath.Join(dir, "converted.qcow2")
+	writeQCOW2File(t, path, spec)
+	for _, argv := range [][]string{
+		{"amend", "-o", "lazy_refcounts=on", path},
+		{"convert", "-f", "qcow2", "-O", "qcow2", "-o", "compat=1.1", path, converted},
+	} {
+		if out, err := exec.Command(qemuImg, argv...).CombinedOutput(); err != nil {
+			t.Fatalf("qemu-img %s: %v\n%s", argv[0], err, out)
+		}
+	}
+	if parsed, err := guest.ParseSpec(readQCOW2Spec(t, path)); err != nil || parsed != spec {
+		t.Fatalf("behaviour after qemu-img amend: %+v, %v", parsed, err)
+	}
+	if data := readQCOW2Spec(t, converted); data != nil {
+		t.Fatalf("qemu-img convert kept the behaviour: %s", data)
+	}
+}
+
+func writeQCOW2File(t *testing.T, path string, spec guest.Spec) {
+	t.Helper()
 	f, err := os.Create(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := testimage.WriteQCOW2(f, 3<<30); err != nil {
+	if err := testimage.WriteQCOW2WithGuest(f, 3<<30, spec); err != nil {
 		t.Fatal(err)
 	}
-	_ = f.Close()
-	out, err := exec.Command(qemuImg, "info", "--output=json", path).Output()
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func readQCOW2Spec(t *testing.T, path string) []byte {
+	t.Helper()
+	f, err := os.Open(path)
 	if err != nil {
-		t.Fatalf("qemu-img info: %v", err)
+		t.Fatal(err)
 	}
-	var info struct {
-		Format      string `json:"format"`
-		VirtualSize int64  `json:"virtual-size"`
+	defer f.Close() //nolint:errcheck
+	data, err := guest.ReadQCOW2Spec(f)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if err := json.Unmarshal(out, &info); err != nil || info.Format != "qcow2" || info.VirtualSize != 3<<30 {
-		t.Fatalf("qemu-img info: %s (%v)", out, err)
-	}
-	if out, err := exec.Command(qemuImg, "check", path).CombinedOutput(); err != nil {
-		t.Fatalf("qemu-img check: %v\n%s", err, out)
-	}
+	return data
 }
 
 func TestOCILayer(t *testing.T) {
@@ -172,8 +270,7 @@ func TestOCILayer(t *testing.T) {
 }
 
 func TestGuestServicesTravelWithImagesAndSnapshots(t *testing.T) {
-	key := "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIL2C3FuoQG8R0oRvmgF0YXt37dTd+Osn3bjLFq88howp test"
-	spec := guest.Spec{HTTPPort: 80, SSHAuthorizedKey: key}
+	spec := guest.Spec{HTTPPort: 80, SSHAuthorizedKey: testAuthorizedKey}
 	var layer bytes.Buffer
 	if err := testimage.WriteOCILayer(&layer, testimage.LayerOptions{Guest: spec}); err != nil {
 		t.Fatal(err)

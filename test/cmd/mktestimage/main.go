@@ -3,8 +3,8 @@
 //	mktestimage snapshot [--name N --cpu 1 --memory 512M --storage 10G --image-type oci|cloudimg
 //	                      --hypervisor cloud-hypervisor --nics 0 --root-dir DIR --install-base
 //	                      --ignore-power-button --poweroff-after 30s --crash-after 10s --fail-boot
-//	                      --http-port 80 --ssh-authorized-key "$(cat id_ed25519.pub)"] -o FILE
-//	mktestimage qcow2 --size 1G -o FILE
+//	                      --http-port 80 --ssh-authorized-key "$(cat id_ed25519.pub)" --busybox] -o FILE
+//	mktestimage qcow2 [--size 1G --ignore-power-button ...] -o FILE
 //	mktestimage layer [--ignore-power-button ...] -o FILE
 //
 // "-o -" writes to stdout.
@@ -84,20 +84,22 @@ func snapshotCommand() *cobra.Command {
 }
 
 func qcow2Command() *cobra.Command {
+	var spec guest.Spec
 	var size, output string
 	cmd := &cobra.Command{
 		Use:   "qcow2 --size SIZE -o FILE",
-		Short: "Write an empty qcow2 v3 image without backing file",
+		Short: "Write an empty qcow2 v3 cloud image without backing file (guest behaviour in a header extension)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			n, err := parseSize(size)
 			if err != nil {
 				return fmt.Errorf("--size: %w", err)
 			}
-			return writeOutput(cmd, output, func(w io.Writer) error { return testimage.WriteQCOW2(w, n) })
+			return writeOutput(cmd, output, func(w io.Writer) error { return testimage.WriteQCOW2WithGuest(w, n, spec) })
 		},
 	}
 	cmd.Flags().StringVar(&size, "size", "1G", "virtual size")
+	addGuestFlags(cmd, &spec)
 	addOutputFlag(cmd, &output)
 	return cmd
 }
@@ -126,6 +128,7 @@ func addGuestFlags(cmd *cobra.Command, spec *guest.Spec) {
 	f.BoolVar(&spec.FailBoot, "fail-boot", false, "hypervisor fails before its API socket appears")
 	f.IntVar(&spec.HTTPPort, "http-port", 0, "guest serves HTTP on this port (GET / answers 200 with its hostname)")
 	f.StringVar(&spec.SSHAuthorizedKey, "ssh-authorized-key", "", `guest runs sshd on port 22 for root with this public key ("ssh-ed25519 AAAA...")`)
+	f.BoolVar(&spec.Busybox, "busybox", false, "guest's userland is busybox's (its applets first on PATH; top runs without a terminal)")
 }
 
 func addOutputFlag(cmd *cobra.Command, output *string) {

@@ -2,8 +2,11 @@ package guest
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 )
@@ -21,7 +24,8 @@ type osPlan struct {
 	Hostname string `json:"hostname"`
 	// RunDir is the VM's run dir, which must stay visible inside the guest (sshd reads there).
 	RunDir string `json:"run_dir"`
-	// Files are bind-mounted over guest paths in the guest's mount namespace.
+	// Files are bind-mounted over guest paths in the guest's mount namespace; a directory over a
+	// directory.
 	Files []guestFile `json:"files"`
 	// HTTPPort, when not zero, is where the guest serves its web page.
 	HTTPPort int `json:"http_port,omitempty"`
@@ -60,6 +64,13 @@ func planGuest(runDir string, spec Spec, netState guestNetwork) (osPlan, error) 
 		}
 		plan.Files = append(plan.Files, guestFile{Path: "/etc/" + f.name, Source: source})
 	}
+	if spec.Busybox {
+		dir, err := writeBusyboxApplets(filepath.Join(runDir, guestFilesDir, "busybox"))
+		if err != nil {
+			return osPlan{}, fmt.Errorf("guest busybox userland: %w", err)
+		}
+		plan.Files = append(plan.Files, guestFile{Path: busyboxBinDir, Source: dir})
+	}
 	if spec.SSHAuthorizedKey != "" {
 		config, err := writeSSHDFiles(filepath.Join(runDir, guestFilesDir, "ssh"), spec.SSHAuthorizedKey)
 		if err != nil {
@@ -68,6 +79,32 @@ func planGuest(runDir string, spec Spec, netState guestNetwork) (osPlan, error) 
 		plan.SSHDConfig = config
 	}
 	return plan, nil
+}
+
+// busyboxBinDir is where the guest's busybox applets appear: the first directory of the guest's
+// PATH that holds commands on a Debian host.
+const busyboxBinDir = "/usr/local/bin"
+
+// writeBusyboxApplets fills dir with a link to the host's busybox for every applet it has.
+func writeBusyboxApplets(dir string) (string, error) {
+	busybox, err := exec.LookPath("busybox")
+	if err != nil {
+		return "", err
+	}
+	out, err := exec.Command(busybox, "--list").Output()
+	if err != nil {
+		return "", fmt.Errorf("busybox --list: %w", err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	for _, applet := range strings.Fields(string(out)) {
+		link := filepath.Join(dir, applet)
+		if err := os.Symlink(busybox, link); err != nil && !errors.Is(err, fs.ErrExist) {
+			return "", err
+		}
+	}
+	return dir, nil
 }
 
 func resolvConf(servers []string) string {

@@ -79,7 +79,7 @@ func underRun(path string) bool {
 	return path == "/run" || strings.HasPrefix(path, "/run/")
 }
 
-// bindFile binds a run-dir file over a guest path. The host's file (or, for a symlink such as
+// bindFile binds a run-dir file (or directory) over a guest path. The host's file (or, for a symlink such as
 // systemd-resolved's resolv.conf, the file it points to) is only covered, never written. A
 // symlink into /run points into the guest's own /run, where the file is created; anything else
 // missing on the host is left out rather than created there.

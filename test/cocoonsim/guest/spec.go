@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"time"
 
@@ -43,6 +44,11 @@ type Spec struct {
 	// SSHAuthorizedKey makes the guest run the host's real sshd on port 22, letting root in with
 	// this public key (one authorized_keys line) and nothing else. Empty runs no sshd.
 	SSHAuthorizedKey string `json:"ssh_authorized_key,omitempty"`
+	// Busybox gives the guest busybox's userland, as a busybox-based image has: busybox's applets
+	// come first on the guest's PATH (bound over /usr/local/bin). Its top, unlike procps', runs
+	// without a terminal, which critest's default container ("top") needs. The host must have a
+	// busybox binary.
+	Busybox bool `json:"busybox,omitempty"`
 }
 
 // IsZero reports whether s asks for nothing but the default behaviour.
@@ -98,6 +104,11 @@ func (s Spec) Validate() error {
 	if s.SSHAuthorizedKey != "" {
 		if _, _, _, _, err := ssh.ParseAuthorizedKey([]byte(s.SSHAuthorizedKey)); err != nil {
 			return fmt.Errorf("ssh_authorized_key: %w", err)
+		}
+	}
+	if s.Busybox {
+		if _, err := exec.LookPath("busybox"); err != nil {
+			return fmt.Errorf("busybox: the host has no busybox to give the guest (apt install busybox-static): %w", err)
 		}
 	}
 	return nil
