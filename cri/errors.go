@@ -41,6 +41,14 @@ func codeOf(err error) codes.Code {
 		return codes.FailedPrecondition
 	case errors.Is(err, cocoon.ErrUnsupported):
 		return codes.Unimplemented
+	case errors.Is(err, imagestore.ErrUnauthenticated):
+		return codes.Unauthenticated
+	case errors.Is(err, imagestore.ErrPermissionDenied):
+		return codes.PermissionDenied
+	case errors.Is(err, imagestore.ErrUnreachable):
+		return codes.Unavailable
+	case errors.Is(err, imagestore.ErrCorrupt):
+		return codes.DataLoss
 	}
 	return codes.Internal
 }

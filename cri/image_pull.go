@@ -2,30 +2,31 @@ package cri
 
 import (
 	"context"
-	"errors"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/cocoonstack/cocoon-cri/imagestore"
 )
 
-// PullImage succeeds for an image already on the node. Pulling from a registry is not implemented
-// yet: images are imported by the operator.
-func (s *Server) PullImage(_ context.Context, req *runtimeapi.PullImageRequest) (*runtimeapi.PullImageResponse, error) {
+// PullImage resolves the image in its registry and brings it into cocoon: a snapshot, a cloud
+// image or an OCI VM image, told apart by the manifest's artifactType (imagestore.Pull). The
+// reply is the image ID, the digest of the manifest for this node's platform.
+func (s *Server) PullImage(ctx context.Context, req *runtimeapi.PullImageRequest) (*runtimeapi.PullImageResponse, error) {
 	ref := req.GetImage().GetImage()
 	if ref == "" {
 		return nil, invalid("image is required")
 	}
-	if _, err := imagestore.Normalize(ref); err != nil {
-		return nil, toStatus(err)
-	}
-	img, err := s.images.Get(ref)
-	if errors.Is(err, imagestore.ErrNotFound) {
-		return nil, unimplemented("PullImage from a registry",
-			"import the image on the node with cocoon-cri image import --ref "+ref+" FILE (a cocoon snapshot archive or a qcow2 cloud image), and set imagePullPolicy: IfNotPresent or Never")
-	}
+	img, err := s.images.Pull(ctx, ref, pullCredentials(req.GetAuth()))
 	if err != nil {
 		return nil, toStatus(err)
 	}
 	return &runtimeapi.PullImageResponse{ImageRef: img.ID}, nil
+}
+
+// pullCredentials takes the registry credentials the kubelet (or crictl --creds/--auth) sent.
+func pullCredentials(auth *runtimeapi.AuthConfig) imagestore.Credentials {
+	return imagestore.Credentials{
+		Username: auth.GetUsername(), Password: auth.GetPassword(), Auth: auth.GetAuth(),
+		IdentityToken: auth.GetIdentityToken(), RegistryToken: auth.GetRegistryToken(),
+	}
 }

@@ -60,23 +60,29 @@ func (s *Service) importLocked(ctx context.Context, id, tag string, r io.Reader)
 	if err != nil {
 		return nil, err
 	}
-	img, err := s.importArtifact(ctx, id, kind, br)
+	hash := sha256.New()
+	img, err := s.importArtifact(ctx, id, kind, io.TeeReader(br, hash), func() error {
+		if got := "sha256:" + hex.EncodeToString(hash.Sum(nil)); got != id {
+			return fmt.Errorf("content digest is %s, not the expected %s: %w", got, id, ErrInvalid)
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
 	return s.commit(img, tag)
 }
 
-// importArtifact streams the artifact into cocoon under the digest's local name and checks the
-// digest. On any failure the artifact is deleted again.
-func (s *Service) importArtifact(ctx context.Context, id string, kind store.ImageKind, r io.Reader) (*store.Image, error) {
+// importArtifact streams the artifact into cocoon under the digest's local name. verify, when
+// set, runs once cocoon has read the whole stream and may still reject it. On any failure the
+// artifact is deleted again.
+func (s *Service) importArtifact(ctx context.Context, id string, kind store.ImageKind, r io.Reader, verify func() error) (*store.Image, error) {
 	name := LocalName(id)
 	// A leftover of an import that a crash cut short holds the name: no record points at it.
 	if err := s.deleteArtifact(ctx, kind, name); err != nil {
 		return nil, err
 	}
-	hash := sha256.New()
-	counted := &countingReader{r: io.TeeReader(r, hash)}
+	counted := &countingReader{r: r}
 	img := &store.Image{ID: id, Kind: kind, LocalName: name, CreatedAt: time.Now().UnixNano()}
 	start := time.Now()
 	err := s.runImport(ctx, img, counted)
@@ -85,23 +91,26 @@ func (s *Service) importArtifact(ctx context.Context, id string, kind store.Imag
 		// of the digest.
 		_, err = io.Copy(io.Discard, counted)
 	}
-	if err == nil {
-		if got := "sha256:" + hex.EncodeToString(hash.Sum(nil)); got != id {
-			err = fmt.Errorf("content digest is %s, not the expected %s: %w", got, id, ErrInvalid)
-		}
+	if err == nil && verify != nil {
+		err = verify()
 	}
 	if err != nil {
-		// The caller's context may be what failed; the cleanup gets its own.
-		cleanupCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cocoon.DefaultTimeout)
-		defer cancel()
-		if delErr := s.deleteArtifact(cleanupCtx, kind, name); delErr != nil {
-			s.log.Error("could not delete the artifact of a failed import", "artifact", name, "err", delErr)
-		}
+		s.discardArtifact(ctx, kind, name)
 		return nil, fmt.Errorf("import %s: %w", id, err)
 	}
 	img.Size = counted.n
 	s.log.Info("image imported", "image", id, "kind", kind, "artifact", name, "bytes", counted.n, "took", time.Since(start))
 	return img, nil
+}
+
+// discardArtifact deletes the artifact of a failed import or pull. The caller's context may be
+// what failed, so the deletion gets its own.
+func (s *Service) discardArtifact(ctx context.Context, kind store.ImageKind, name string) {
+	cleanupCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cocoon.DefaultTimeout)
+	defer cancel()
+	if err := s.deleteArtifact(cleanupCtx, kind, name); err != nil {
+		s.log.Error("could not delete the artifact of a failed import or pull", "artifact", name, "err", err)
+	}
 }
 
 func (s *Service) runImport(ctx context.Context, img *store.Image, r io.Reader) error {
@@ -123,15 +132,19 @@ func (s *Service) runImport(ctx context.Context, img *store.Image, r io.Reader) 
 	return err
 }
 
-// commit records img under tag in one transaction: the tag leaves any image that held it (which
-// is removed if that was its last reference), and a removed image becomes visible again.
-// The caller holds the digest lock of img.
-func (s *Service) commit(img *store.Image, tag string) (*store.Image, error) {
+// commit records img under refs (tags and digest references) in one transaction: a reference
+// leaves any image that held it (which is removed if that was its last reference), and a removed
+// image becomes visible again. The caller holds the digest lock of img.
+func (s *Service) commit(img *store.Image, refs ...string) (*store.Image, error) {
 	var out *store.Image
 	err := s.store.Images.Update(func(tx *store.Tx[store.Image]) error {
-		if holder, ok := tx.Holder(tag); ok && holder != img.ID {
+		for _, ref := range refs {
+			holder, ok := tx.Holder(ref)
+			if !ok || holder == img.ID {
+				continue
+			}
 			old, _ := tx.Get(holder)
-			dropReference(old, tag)
+			dropReference(old, ref)
 			old.Removed = len(old.RepoTags)+len(old.RepoDigests) == 0
 			if err := tx.Put(old); err != nil {
 				return err
@@ -142,8 +155,8 @@ func (s *Service) commit(img *store.Image, tag string) (*store.Image, error) {
 			rec = img
 		}
 		rec.Removed = false
-		if !slices.Contains(rec.RepoTags, tag) {
-			rec.RepoTags = append(rec.RepoTags, tag)
+		for _, ref := range refs {
+			addReference(rec, ref)
 		}
 		out = rec
 		return tx.Put(rec)
@@ -152,6 +165,18 @@ func (s *Service) commit(img *store.Image, tag string) (*store.Image, error) {
 		return nil, fmt.Errorf("record image %s: %w", img.ID, err)
 	}
 	return out, nil
+}
+
+// addReference adds a normalized reference to the image's tags or, naming a digest, to its
+// repository digests.
+func addReference(img *store.Image, ref string) {
+	list := &img.RepoTags
+	if isDigested(ref) {
+		list = &img.RepoDigests
+	}
+	if !slices.Contains(*list, ref) {
+		*list = append(*list, ref)
+	}
 }
 
 type countingReader struct {

@@ -9,13 +9,31 @@ import (
 )
 
 // Normalize turns a user's image reference into the full form images are recorded under
-// (docker.io/library/name:latest for a bare name), like other CRI runtimes do.
+// (docker.io/library/name:latest for a bare name), like other CRI runtimes do. A reference with
+// both a tag and a digest names the digest: repo@digest.
 func Normalize(ref string) (string, error) {
 	named, err := reference.ParseNormalizedNamed(ref)
 	if err != nil {
 		return "", fmt.Errorf("image reference %q: %v: %w", ref, err, ErrInvalid)
 	}
+	if digested, ok := named.(reference.Digested); ok {
+		canonical, err := reference.WithDigest(reference.TrimNamed(named), digested.Digest())
+		if err != nil {
+			return "", fmt.Errorf("image reference %q: %v: %w", ref, err, ErrInvalid)
+		}
+		return canonical.String(), nil
+	}
 	return reference.TagNameOnly(named).String(), nil
+}
+
+// isDigested reports whether a reference names a digest rather than a tag.
+func isDigested(ref string) bool {
+	named, err := reference.ParseNormalizedNamed(ref)
+	if err != nil {
+		return false
+	}
+	_, ok := named.(reference.Digested)
+	return ok
 }
 
 // NormalizeTag is Normalize for a reference that must name a tag, not a digest: the name an

@@ -10,12 +10,13 @@ import (
 
 func TestNormalize(t *testing.T) {
 	for in, want := range map[string]string{
-		"ubuntu":                              "docker.io/library/ubuntu:latest",
-		"ubuntu:24.04":                        "docker.io/library/ubuntu:24.04",
-		"epoch.local:8080/team/snap:v1":       "epoch.local:8080/team/snap:v1",
-		"localhost/demo":                      "localhost/demo:latest",
-		"repo@sha256:" + hex64('a'):           "docker.io/library/repo@sha256:" + hex64('a'),
-		"quay.io/x/y:v1@sha256:" + hex64('b'): "quay.io/x/y:v1@sha256:" + hex64('b'),
+		"ubuntu":                        "docker.io/library/ubuntu:latest",
+		"ubuntu:24.04":                  "docker.io/library/ubuntu:24.04",
+		"epoch.local:8080/team/snap:v1": "epoch.local:8080/team/snap:v1",
+		"localhost/demo":                "localhost/demo:latest",
+		"repo@sha256:" + hex64('a'):     "docker.io/library/repo@sha256:" + hex64('a'),
+		// A tag next to a digest says nothing more: the digest is what is pulled and recorded.
+		"quay.io/x/y:v1@sha256:" + hex64('b'): "quay.io/x/y@sha256:" + hex64('b'),
 	} {
 		got, err := Normalize(in)
 		if err != nil || got != want {

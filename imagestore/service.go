@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"time"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/pkg/keylock"
@@ -29,24 +30,45 @@ type Dirs struct {
 	Run  string // cocoon --run-dir: the VMs' writable disks
 }
 
+// PullOptions configure pulls from registries.
+type PullOptions struct {
+	// Insecure lists registries (host or host:port) that may be reached over plain HTTP; loopback
+	// ones always may.
+	Insecure []string
+	// CAFile is a PEM bundle trusted for registry TLS besides the system roots.
+	CAFile string
+	// ProgressTimeout fails a pull that receives nothing for this long; 0 never does.
+	ProgressTimeout time.Duration
+	// OnProgress, when set, is told how pulls advance (every few seconds, and once at the end of a
+	// pull that succeeded), from the pulls' goroutines.
+	OnProgress func(PullProgress)
+}
+
 // Service manages images.
 type Service struct {
-	store  *store.Store
-	cocoon *cocoon.Client
-	log    *slog.Logger
-	dirs   Dirs
-	fs     *refresh.Value[fsUsage]
+	store    *store.Store
+	cocoon   *cocoon.Client
+	log      *slog.Logger
+	dirs     Dirs
+	fs       *refresh.Value[fsUsage]
+	registry *registryClient
+	pullOpts PullOptions
+	pulls    pullFlights
 
-	// digestLocks serialise the work on one artifact (import, deletion); record changes are
+	// digestLocks serialise the work on one artifact (import, pull, deletion); record changes are
 	// transactions of the store.
 	digestLocks keylock.Map
 }
 
 // New returns the image service.
-func New(st *store.Store, cc *cocoon.Client, log *slog.Logger, dirs Dirs) *Service {
-	s := &Service{store: st, cocoon: cc, log: log, dirs: dirs}
+func New(st *store.Store, cc *cocoon.Client, log *slog.Logger, dirs Dirs, pull PullOptions) (*Service, error) {
+	registry, err := newRegistryClient(pull.Insecure, pull.CAFile)
+	if err != nil {
+		return nil, err
+	}
+	s := &Service{store: st, cocoon: cc, log: log, dirs: dirs, registry: registry, pullOpts: pull}
 	s.fs = refresh.New(fsUsageInterval, fsUsageTimeout, s.measure)
-	return s
+	return s, nil
 }
 
 // Get returns the visible image a reference, an ID or an ID prefix names.

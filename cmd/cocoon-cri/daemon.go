@@ -40,10 +40,17 @@ func runDaemon(parent context.Context, o *options) error {
 		Timeout: o.cocoonTimeout,
 		Logger:  log.With("component", "cocoon"),
 	})
-	images := imagestore.New(st, cc, log.With("component", "images"), imagestore.Dirs{
+	images, err := imagestore.New(st, cc, log.With("component", "images"), imagestore.Dirs{
 		Root: orDefault(o.cocoonRootDir, cocoonDefaultRootDir),
 		Run:  orDefault(o.cocoonRunDir, cocoonDefaultRunDir),
+	}, imagestore.PullOptions{
+		Insecure:        o.registryInsecure,
+		CAFile:          o.registryCAFile,
+		ProgressTimeout: o.pullProgressTimeout,
 	})
+	if err != nil {
+		return err
+	}
 	self, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("find cocoon-cri's executable (it serves the attach plugin): %w", err)

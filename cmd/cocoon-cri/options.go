@@ -34,6 +34,9 @@ type options struct {
 	logLevel            string
 	logFormat           string
 	shutdownTimeout     time.Duration
+	registryInsecure    []string
+	registryCAFile      string
+	pullProgressTimeout time.Duration
 }
 
 func defaultOptions() *options {
@@ -48,6 +51,8 @@ func defaultOptions() *options {
 		logLevel:        "info",
 		logFormat:       "text",
 		shutdownTimeout: 10 * time.Second,
+		// containerd's default: long enough for a slow registry, short enough to free a stuck pull.
+		pullProgressTimeout: 5 * time.Minute,
 	}
 }
 
@@ -71,6 +76,11 @@ func (o *options) addFlags(cmd *cobra.Command) {
 	d.BoolVar(&o.serveDefaultHandler, "serve-default-handler", o.serveDefaultHandler,
 		"run pods of the default runtime handler (no runtimeClassName) as cocoon VMs too; needed for static pods")
 	d.DurationVar(&o.shutdownTimeout, "shutdown-timeout", o.shutdownTimeout, "how long SIGTERM waits for RPCs in flight")
+	d.StringSliceVar(&o.registryInsecure, "registry-insecure", o.registryInsecure,
+		"registries (host or host:port) that may be pulled from over plain HTTP; loopback ones always may (repeat or separate with commas)")
+	d.StringVar(&o.registryCAFile, "registry-ca-file", o.registryCAFile, "PEM file of CA certificates trusted for registries, besides the system's")
+	d.DurationVar(&o.pullProgressTimeout, "image-pull-progress-timeout", o.pullProgressTimeout,
+		"fail an image pull that receives nothing from its registry for this long (0: never)")
 	cmd.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
 		if err := config.Apply(cmd.Flags(), envPrefix, "config"); err != nil {
 			return err
@@ -94,6 +104,9 @@ func (o *options) validate() error {
 	}
 	if o.cocoonTimeout <= 0 {
 		return fmt.Errorf("--cocoon-timeout must be positive")
+	}
+	if o.pullProgressTimeout < 0 {
+		return fmt.Errorf("--image-pull-progress-timeout must not be negative")
 	}
 	return nil
 }

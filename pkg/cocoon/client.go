@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -100,6 +101,8 @@ type call struct {
 	args    []string
 	stdin   io.Reader
 	timeout time.Duration
+	// env is added to cocoon-cri's environment for this call only.
+	env []string
 }
 
 // maxStderr bounds what is kept of a command's log output; the error line is at the end.
@@ -122,6 +125,9 @@ func (c *Client) run(ctx context.Context, cl call) ([]byte, error) {
 	// A child that keeps our pipes open must not hang the call after cocoon itself exited.
 	cmd.WaitDelay = 5 * time.Second
 	cmd.Stdin = cl.stdin
+	if len(cl.env) > 0 {
+		cmd.Env = append(os.Environ(), cl.env...)
+	}
 	var stdout bytes.Buffer
 	stderr := &tailBuffer{max: maxStderr}
 	cmd.Stdout = &stdout

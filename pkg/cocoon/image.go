@@ -14,11 +14,25 @@ func (c *Client) ImageImport(ctx context.Context, r io.Reader, name string) (*Im
 	return c.ImageInspect(ctx, name)
 }
 
+// PullOptions tune an image pull.
+type PullOptions struct {
+	// Force re-downloads a cloud image URL (cocoon ignores it for OCI references).
+	Force bool
+	// DockerConfig is a directory holding a docker config.json with the registry's credentials:
+	// cocoon reads credentials only from the docker keychain (DOCKER_CONFIG). Empty: cocoon's
+	// own environment decides.
+	DockerConfig string
+}
+
 // ImagePull pulls an OCI image reference (or downloads a cloud image URL) and returns it. cocoon
 // stores the literal reference string, so the same string must be used to run the image.
-func (c *Client) ImagePull(ctx context.Context, ref string, force bool) (*Image, error) {
-	args := appendIf([]string{"image", "pull"}, force, "--force")
-	if _, err := c.run(ctx, call{args: append(args, ref), timeout: transferTimeout}); err != nil {
+func (c *Client) ImagePull(ctx context.Context, ref string, o PullOptions) (*Image, error) {
+	args := appendIf([]string{"image", "pull"}, o.Force, "--force")
+	cl := call{args: append(args, ref), timeout: transferTimeout}
+	if o.DockerConfig != "" {
+		cl.env = []string{"DOCKER_CONFIG=" + o.DockerConfig}
+	}
+	if _, err := c.run(ctx, cl); err != nil {
 		return nil, err
 	}
 	return c.ImageInspect(ctx, ref)

@@ -2,6 +2,7 @@ package store
 
 import (
 	"encoding/json"
+	"maps"
 	"slices"
 
 	"google.golang.org/protobuf/encoding/protojson"
@@ -192,6 +193,8 @@ type Image struct {
 	Kind        ImageKind `json:"kind"`
 	// LocalName is the artifact's name in cocoon (snapshot name or image name).
 	LocalName string `json:"local_name"`
+	// Labels are the image's labels (OCI image config); cocoon.ssh.* ones set the guest login.
+	Labels map[string]string `json:"labels,omitempty"`
 	// Snapshot describes a snapshot artifact: the floor of every clone's resources.
 	Snapshot  *SnapshotInfo `json:"snapshot,omitempty"`
 	CreatedAt int64         `json:"created_at"`
@@ -225,6 +228,7 @@ func (i *Image) clone() *Image {
 	c := *i
 	c.RepoTags = slices.Clone(i.RepoTags)
 	c.RepoDigests = slices.Clone(i.RepoDigests)
+	c.Labels = maps.Clone(i.Labels)
 	if i.Snapshot != nil {
 		s := *i.Snapshot
 		c.Snapshot = &s

@@ -90,7 +90,7 @@ func TestBadInputsAreRefusedAndChangeNothing(t *testing.T) {
 		{"the same container twice", "AlreadyExists", []string{"create", "--no-pull", podID, ctrFile, podFile}, ctrID},
 		{"a container in an unknown sandbox", "NotFound", []string{"create", "--no-pull", unknown, ctrFile, podFile}, "not found"},
 		{"a second start", "FailedPrecondition", []string{"start", ctrID}, "only a created container"},
-		{"an image pull from a registry", "Unimplemented", []string{"pull", "e2e/elsewhere:v1"}, "cocoon-cri image import"},
+		{"an image pull from a registry that does not answer", "Unavailable", []string{"pull", "127.0.0.1:1/e2e/elsewhere:v1"}, "registry unreachable"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -1,0 +1,85 @@
+package imagestore
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"testing"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
+	"github.com/cocoonstack/cocoon-cri/test/registry"
+	"github.com/cocoonstack/cocoon-cri/test/testimage"
+)
+
+// TestSnapshotArchiveIsRebuiltByteForByte: a snapshot pushed in epoch's format comes back as the
+// very archive cocoon exported: snapshot.json first, the files in order, modes and sparse records
+// restored. (The entries' time is the artifact's creation time, here the archive's own.)
+func TestSnapshotArchiveIsRebuiltByteForByte(t *testing.T) {
+	reg := newTestRegistry(t, "", "")
+	ctx := context.Background()
+	layouts := map[string]testimage.SnapshotOptions{
+		"direct boot, sparse COW disk": {Name: "snap", ImageType: cocoon.ImageTypeOCI, NICs: 1},
+		"cloud image, qcow2 overlay":   {Name: "snap", ImageType: cocoon.ImageTypeCloudImg},
+		"firecracker":                  {Name: "snap", Hypervisor: cocoon.HypervisorFirecracker},
+		"described, with a guest file": {Name: "snap", CPU: 2, Description: "a described snapshot", Guest: guest.Spec{IgnorePowerButton: true}},
+	}
+	for name, opts := range layouts {
+		t.Run(name, func(t *testing.T) {
+			original := snapshotArchive(t, opts)
+			hdr, err := tar.NewReader(bytes.NewReader(original)).Next()
+			if err != nil {
+				t.Fatal(err)
+			}
+			repoTag := fmt.Sprintf("rebuild/%d:v1", len(original))
+			if _, err := reg.direct.PushSnapshot(ctx, repoTag, bytes.NewReader(original), registry.SnapshotPush{CreatedAt: hdr.ModTime}); err != nil {
+				t.Fatal(err)
+			}
+			session, art := reg.resolve(t, repoTag)
+			cfg, err := fetchSnapshotConfig(ctx, session, art.manifest.Config, io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var rebuilt bytes.Buffer
+			if err := writeSnapshotArchive(ctx, &rebuilt, opts.Name, cfg, art.manifest.Layers, session, io.Discard); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(rebuilt.Bytes(), original) {
+				t.Fatalf("the rebuilt archive differs:\noriginal %s\nrebuilt  %s", describeTar(t, original), describeTar(t, rebuilt.Bytes()))
+			}
+		})
+	}
+}
+
+// describeTar lists a tar's headers, for failure messages.
+func describeTar(t *testing.T, data []byte) string {
+	t.Helper()
+	var out string
+	tr := tar.NewReader(bytes.NewReader(data))
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return out
+		}
+		if err != nil {
+			return out + " " + err.Error()
+		}
+		out += fmt.Sprintf("\n  %s size=%d mode=%o time=%d pax=%v", hdr.Name, hdr.Size, hdr.Mode, hdr.ModTime.Unix(), hdr.PAXRecords)
+	}
+}
+
+func TestSnapshotLayerTitlesMustBeFileNames(t *testing.T) {
+	for _, bad := range []string{"", "../escape", "dir/file", ".", "..", "snapshot.json"} {
+		if plainFileName(bad) {
+			t.Errorf("title %q accepted", bad)
+		}
+	}
+	for _, good := range []string{"config.json", "memory-range-0", "cow.raw", "cocoon-sim-guest.json"} {
+		if !plainFileName(good) {
+			t.Errorf("title %q refused", good)
+		}
+	}
+}
