@@ -19,6 +19,11 @@ func (s *Server) CreateContainer(ctx context.Context, req *runtimeapi.CreateCont
 	if err := validateContainerConfig(cfg); err != nil {
 		return nil, err
 	}
+	if len(mainCommand(cfg)) > 0 && !s.hasExecPath(ctx) {
+		return nil, invalid("the container has a command, which runs in the guest through cocoon's vm exec or SSH, and neither is available: " +
+			"this cocoon has no vm exec and no guest SSH login is configured (--guest-ssh-key-file, --guest-ssh-password); " +
+			"upgrade cocoon, configure SSH, or leave command and args empty to let the VM's init be the workload")
+	}
 	sb, unlock, err := s.lockSandbox(req.GetPodSandboxId())
 	if err != nil {
 		return nil, toStatus(err)
@@ -74,9 +79,6 @@ func validateContainerConfig(cfg *runtimeapi.ContainerConfig) error {
 	}
 	if cfg.GetImage().GetImage() == "" {
 		return invalid("image is required")
-	}
-	if len(cfg.GetCommand())+len(cfg.GetArgs()) > 0 {
-		return invalid("command and args are not supported yet: a cocoon VM runs its image's own init; build the workload into the VM image and leave command and args empty")
 	}
 	return nil
 }

@@ -37,6 +37,7 @@ func (s *Server) RemoveContainer(ctx context.Context, req *runtimeapi.RemoveCont
 // the attach plugin, which hands a running VM's pod interface back. The caller holds the sandbox
 // lock.
 func (s *Server) removeContainer(ctx context.Context, sb *store.Sandbox, c *store.Container) error {
+	s.stopIO(c.ID)
 	// A container that never recorded a VM ID may still have a VM from a start a crash cut short:
 	// its name is deterministic.
 	ref := c.VM.ID

@@ -56,11 +56,16 @@ func (s *Server) StartContainer(ctx context.Context, req *runtimeapi.StartContai
 	}
 	if _, err := s.store.Containers.Modify(c.ID, func(r *store.Container) error {
 		r.State, r.StartedAt = store.ContainerRunning, s.now()
-		r.VM.ID, r.VM.PID, r.VM.NetNS = vm.ID, vm.PID, vmNetNS(vm)
+		r.VM.ID, r.VM.PID, r.VM.NetNS, r.VM.APISocket = vm.ID, vm.PID, vmNetNS(vm), vm.SocketPath
 		return nil
 	}); err != nil {
 		return nil, toStatus(fmt.Errorf("record container running: %w", err))
 	}
+	running, err := s.store.Containers.Get(c.ID)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	s.startIO(sb, running)
 	log.Info("container started", "vmID", vm.ID, "pid", vm.PID)
 	return &runtimeapi.StartContainerResponse{}, nil
 }

@@ -28,7 +28,11 @@ func (s *Server) ContainerStatus(_ context.Context, req *runtimeapi.ContainerSta
 	}
 	resp := &runtimeapi.ContainerStatusResponse{Status: st}
 	if req.GetVerbose() {
-		if resp.Info, err = verboseInfo(containerInfo{SandboxID: c.SandboxID, VM: c.VM, Config: c.Config.Msg}); err != nil {
+		info := containerInfo{SandboxID: c.SandboxID, VM: c.VM, Config: c.Config.Msg}
+		if cio := s.ioOf(c.ID); cio != nil {
+			info.ConsoleTail = cio.console.Tail()
+		}
+		if resp.Info, err = verboseInfo(info); err != nil {
 			return nil, err
 		}
 	}
@@ -40,6 +44,8 @@ type containerInfo struct {
 	SandboxID string                      `json:"sandboxID"`
 	VM        store.VM                    `json:"vm"`
 	Config    *runtimeapi.ContainerConfig `json:"config"`
+	// ConsoleTail is the VM console's latest output, for a look at what the guest printed.
+	ConsoleTail string `json:"consoleTail,omitempty"`
 }
 
 func containerStatus(c *store.Container) *runtimeapi.ContainerStatus {

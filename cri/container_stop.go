@@ -45,36 +45,61 @@ func (s *Server) StopContainer(ctx context.Context, req *runtimeapi.StopContaine
 	return &runtimeapi.StopContainerResponse{}, nil
 }
 
-// stopVM stops a running container's VM, takes the pod interface back from it, and records the
-// container EXITED. The record changes last, so a failure is retried by the kubelet's next stop.
+// mainExitStopTimeout is the power-off budget for a VM whose command finished.
+const mainExitStopTimeout = 10 * time.Second
+
+// stopVM stops a running container's VM and records it EXITED with the status the stop implies.
 // The caller holds the sandbox lock.
 func (s *Server) stopVM(ctx context.Context, sb *store.Sandbox, c *store.Container, timeout time.Duration) error {
 	start := s.nowFunc()
-	err := s.cocoonFor(sb).VMStop(ctx, c.VM.ID, cocoon.StopOptions{Force: timeout == 0, Timeout: timeout})
+	err := s.powerOff(ctx, sb, c, timeout)
 	took := s.nowFunc().Sub(start)
-
-	exitCode, reason, message := int32(0), reasonCompleted, "VM powered off"
+	status := exitStatus{reason: reasonCompleted, message: "VM powered off"}
 	switch {
 	case errors.Is(err, cocoon.ErrNotFound):
-		exitCode, reason, message = killedExitCode, reasonVMGone, "the VM no longer exists in cocoon"
+		status = exitStatus{killedExitCode, reasonVMGone, "the VM no longer exists in cocoon"}
 	case err != nil:
-		return fmt.Errorf("stop VM %s: %w", c.VM.ID, err)
-	case timeout == 0:
-		exitCode, reason, message = killedExitCode, reasonError, "VM stopped forcibly (timeout 0)"
-	case took >= timeout:
-		exitCode, reason, message = killedExitCode, reasonError, fmt.Sprintf("the guest did not power off within %s; cocoon stopped the VM forcibly", timeout)
-	}
-	if err := s.reclaimInterface(sb, c); err != nil {
 		return err
+	case timeout == 0:
+		status = exitStatus{killedExitCode, reasonError, "VM stopped forcibly (timeout 0)"}
+	case took >= timeout:
+		status = exitStatus{killedExitCode, reasonError, fmt.Sprintf("the guest did not power off within %s; cocoon stopped the VM forcibly", timeout)}
 	}
+	s.log.Info("container stopped", "container", c.ID, "vm", c.VM.ID, "exitCode", status.code, "reason", status.reason, "took", took)
+	return s.recordExit(c, status)
+}
+
+// powerOff stops the VM and takes the pod interface back from it. A VM cocoon no longer has is
+// reported as ErrNotFound (wrapped) after the interface is taken back.
+func (s *Server) powerOff(ctx context.Context, sb *store.Sandbox, c *store.Container, timeout time.Duration) error {
+	err := s.cocoonFor(sb).VMStop(ctx, c.VM.ID, cocoon.StopOptions{Force: timeout == 0, Timeout: timeout})
+	if err != nil && !errors.Is(err, cocoon.ErrNotFound) {
+		return fmt.Errorf("stop VM %s: %w", c.VM.ID, err)
+	}
+	if rerr := s.reclaimInterface(sb, c); rerr != nil {
+		return rerr
+	}
+	return err
+}
+
+// exitStatus is how a container ended.
+type exitStatus struct {
+	code    int32
+	reason  string
+	message string
+}
+
+// recordExit records the container EXITED and closes its streams. It comes last, so a failure
+// before it is retried by the kubelet's next stop.
+func (s *Server) recordExit(c *store.Container, st exitStatus) error {
 	if _, err := s.store.Containers.Modify(c.ID, func(r *store.Container) error {
 		r.State, r.FinishedAt = store.ContainerExited, s.now()
-		r.ExitCode, r.Reason, r.Message = exitCode, reason, message
+		r.ExitCode, r.Reason, r.Message = st.code, st.reason, st.message
 		r.VM.PID = 0
 		return nil
 	}); err != nil {
 		return fmt.Errorf("record container exited: %w", err)
 	}
-	s.log.Info("container stopped", "container", c.ID, "vm", c.VM.ID, "exitCode", exitCode, "reason", reason, "took", took)
+	s.stopIO(c.ID)
 	return nil
 }

@@ -7,9 +7,11 @@ package cri
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"runtime"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -20,6 +22,7 @@ import (
 	"github.com/cocoonstack/cocoon-cri/pkg/keylock"
 	"github.com/cocoonstack/cocoon-cri/pkg/refresh"
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
+	"github.com/cocoonstack/cocoon-cri/streaming"
 	"github.com/cocoonstack/cocoon-cri/tapmanager"
 )
 
@@ -51,6 +54,10 @@ type Config struct {
 	HostCPUs int
 	// StatusProbeInterval is how often Status re-checks that cocoon answers.
 	StatusProbeInterval time.Duration
+	// GuestSSH is the guest login used when cocoon has no vm exec.
+	GuestSSH GuestSSH
+	// GuestReadyTimeout bounds the wait for a started guest to take commands (its agent or sshd).
+	GuestReadyTimeout time.Duration
 }
 
 // Cocoon's own limits (reference/cocoon-contract.md section 1.1).
@@ -73,7 +80,11 @@ type Server struct {
 	locks    keylock.Map
 	health   *refresh.Value[*cocoon.VersionInfo]
 	netReady *refresh.Value[struct{}]
-	nowFunc  func() time.Time
+	streams  *streaming.Server
+
+	iosMu   sync.Mutex
+	ios     map[string]*containerIO // running containers' streams, by container ID
+	nowFunc func() time.Time
 }
 
 // New returns a server over the given components.
@@ -93,9 +104,19 @@ func New(cfg Config, log *slog.Logger, st *store.Store, cc *cocoon.Client, nets 
 	if cfg.StatusProbeInterval <= 0 {
 		cfg.StatusProbeInterval = 5 * time.Second
 	}
+	if cfg.GuestSSH.User == "" {
+		cfg.GuestSSH.User = "root"
+	}
+	if cfg.GuestSSH.Port == 0 {
+		cfg.GuestSSH.Port = 22
+	}
+	if cfg.GuestReadyTimeout <= 0 {
+		cfg.GuestReadyTimeout = 2 * time.Minute
+	}
 	return &Server{
 		cfg: cfg, log: log, store: st, cocoon: cc, net: nets, images: images,
 		health: newCocoonHealth(cc, cfg.StatusProbeInterval),
+		ios:    map[string]*containerIO{},
 		netReady: refresh.New(networkProbeInterval, probeTimeout, func(ctx context.Context) (struct{}, error) {
 			return struct{}{}, nets.Ready(ctx)
 		}),
@@ -118,8 +139,51 @@ func (s *Server) Recover(ctx context.Context) error {
 			return fmt.Errorf("roll back sandbox %s: %w", sb.ID, err)
 		}
 	}
+	for _, c := range s.store.Containers.List(func(c *store.Container) bool { return c.State == store.ContainerRunning }) {
+		s.resumeIO(ctx, c)
+	}
 	return ctx.Err()
 }
+
+// Shutdown closes every running container's streams (their logs are flushed); the VMs go on.
+func (s *Server) Shutdown() {
+	s.iosMu.Lock()
+	ids := make([]string, 0, len(s.ios))
+	for id := range s.ios {
+		ids = append(ids, id)
+	}
+	s.iosMu.Unlock()
+	for _, id := range ids {
+		s.stopIO(id)
+	}
+}
+
+// resumeIO picks up a running container's streams after a restart: the console (and with it the
+// log) is the VM's and goes on. A main process ran through a cocoon vm exec that ended with the
+// old cocoon-cri, so its exit status is lost: the container exits, and its VM stops, so the
+// kubelet restarts it the usual way.
+func (s *Server) resumeIO(ctx context.Context, c *store.Container) {
+	sb, err := s.store.Sandboxes.Get(c.SandboxID)
+	if err != nil {
+		return
+	}
+	if len(mainCommand(c.Config.Msg)) == 0 {
+		s.startIO(sb, c)
+		return
+	}
+	unlock := s.locks.Lock(sb.ID)
+	defer unlock()
+	if err := s.powerOff(ctx, sb, c, mainExitStopTimeout); err != nil && !errors.Is(err, cocoon.ErrNotFound) {
+		s.log.Error("stopping the VM of a command lost in a restart failed", "container", c.ID, "err", err)
+	}
+	if err := s.recordExit(c, exitStatus{code: killedExitCode, reason: reasonMainProcessLost,
+		message: "cocoon-cri restarted while the command ran; its exit status is unknown"}); err != nil {
+		s.log.Error("recording a lost command failed", "container", c.ID, "err", err)
+	}
+}
+
+// reasonMainProcessLost: the container's command was cut off by a restart of cocoon-cri.
+const reasonMainProcessLost = "MainProcessLost"
 
 func (s *Server) now() int64 { return s.nowFunc().UnixNano() }
 

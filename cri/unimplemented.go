@@ -10,10 +10,6 @@ import (
 // docs/cri-support.md lists them.
 
 const (
-	insteadExec     = "there is no exec path into a cocoon VM yet; reach the guest over the pod IP (ssh) or with cocoon vm console on the node"
-	insteadAttach   = "attach is not available yet; use cocoon vm console on the node"
-	insteadForward  = "port-forward is not available yet; connect to the pod IP directly"
-	insteadLogs     = "cocoon-cri does not write container logs yet, so there is no log to reopen"
 	insteadStats    = "VM statistics are not collected yet"
 	insteadResize   = "a running VM cannot be resized; recreate the pod with the new resources"
 	insteadCheckpnt = "checkpointing a VM through the CRI is not supported; take a cocoon snapshot on the node (cocoon snapshot save)"
@@ -29,31 +25,6 @@ func (s *Server) UpdateContainerResources(context.Context, *runtimeapi.UpdateCon
 // UpdatePodSandboxResources is not served.
 func (s *Server) UpdatePodSandboxResources(context.Context, *runtimeapi.UpdatePodSandboxResourcesRequest) (*runtimeapi.UpdatePodSandboxResourcesResponse, error) {
 	return nil, unimplemented("UpdatePodSandboxResources", insteadResize)
-}
-
-// ReopenContainerLog is not served.
-func (s *Server) ReopenContainerLog(context.Context, *runtimeapi.ReopenContainerLogRequest) (*runtimeapi.ReopenContainerLogResponse, error) {
-	return nil, unimplemented("ReopenContainerLog", insteadLogs)
-}
-
-// ExecSync is not served.
-func (s *Server) ExecSync(context.Context, *runtimeapi.ExecSyncRequest) (*runtimeapi.ExecSyncResponse, error) {
-	return nil, unimplemented("ExecSync", insteadExec)
-}
-
-// Exec is not served.
-func (s *Server) Exec(context.Context, *runtimeapi.ExecRequest) (*runtimeapi.ExecResponse, error) {
-	return nil, unimplemented("Exec", insteadExec)
-}
-
-// Attach is not served.
-func (s *Server) Attach(context.Context, *runtimeapi.AttachRequest) (*runtimeapi.AttachResponse, error) {
-	return nil, unimplemented("Attach", insteadAttach)
-}
-
-// PortForward is not served.
-func (s *Server) PortForward(context.Context, *runtimeapi.PortForwardRequest) (*runtimeapi.PortForwardResponse, error) {
-	return nil, unimplemented("PortForward", insteadForward)
 }
 
 // ContainerStats is not served.

@@ -222,3 +222,13 @@ func DecodeResult(data []byte) (*current.Result, error) {
 func ipNet(ip current.IPConfig) *net.IPNet {
 	return &net.IPNet{IP: ip.Address.IP, Mask: ip.Address.Mask}
 }
+
+// PodIPv4 is the pod's IPv4 address, prefix and gateway from a result: what a guest's NIC needs.
+func PodIPv4(result *current.Result) (addr net.IPNet, gateway net.IP, ok bool) {
+	for _, ip := range result.IPs {
+		if ip.Address.IP.To4() != nil {
+			return ip.Address, ip.Gateway, true
+		}
+	}
+	return net.IPNet{}, nil, false
+}

@@ -68,7 +68,20 @@ func runDaemon(parent context.Context, o *options) error {
 	server := cri.New(cri.Config{
 		Version:             version,
 		ServeDefaultHandler: o.serveDefaultHandler,
+		GuestSSH:            cri.GuestSSH{User: o.guestSSHUser, KeyFile: o.guestSSHKeyFile, Password: o.guestSSHPassword, Port: o.guestSSHPort},
+		GuestReadyTimeout:   o.guestReadyTimeout,
 	}, log, st, cc, nets, images)
+	defer server.Shutdown()
+	streams, err := server.ServeStreams(o.streamAddress)
+	if err != nil {
+		return err
+	}
+	defer streams.Close()
+	go func() {
+		if err := streams.Serve(); err != nil {
+			log.Error("the stream server stopped", "err", err)
+		}
+	}()
 
 	if err := server.Recover(ctx); err != nil {
 		return fmt.Errorf("recover state: %w", err)
@@ -87,7 +100,8 @@ func runDaemon(parent context.Context, o *options) error {
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- g.Serve(lis) }()
-	log.Info("cocoon-cri serving", "version", version, "socket", o.socket, "stateDir", o.stateDir, "cocoon", o.cocoonBinary)
+	log.Info("cocoon-cri serving", "version", version, "socket", o.socket, "stateDir", o.stateDir, "cocoon", o.cocoonBinary,
+		"streams", streams.Addr(), "guestExec", execPath(ctx, cc, o))
 
 	select {
 	case err := <-serveErr:
@@ -108,4 +122,15 @@ func runDaemon(parent context.Context, o *options) error {
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// execPath names how commands reach guests, for the start-up log.
+func execPath(ctx context.Context, cc *cocoon.Client, o *options) string {
+	switch {
+	case cc.ExecSupported(ctx):
+		return "cocoon vm exec"
+	case o.guestSSHKeyFile != "" || o.guestSSHPassword != "":
+		return "ssh"
+	}
+	return "none (commands, exec and ExecSync probes are refused)"
 }

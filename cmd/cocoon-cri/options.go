@@ -31,6 +31,12 @@ type options struct {
 	cniConfDir          string
 	cniBinDirs          []string
 	serveDefaultHandler bool
+	streamAddress       string
+	guestSSHUser        string
+	guestSSHKeyFile     string
+	guestSSHPassword    string
+	guestSSHPort        int
+	guestReadyTimeout   time.Duration
 	logLevel            string
 	logFormat           string
 	shutdownTimeout     time.Duration
@@ -41,16 +47,20 @@ type options struct {
 
 func defaultOptions() *options {
 	return &options{
-		socket:          "/run/cocoon-cri/cocoon-cri.sock",
-		stateDir:        "/var/lib/cocoon-cri",
-		cocoonBinary:    "cocoon",
-		cocoonTimeout:   2 * time.Minute,
-		netnsDir:        "/var/run/netns",
-		cniConfDir:      "/etc/cni/net.d",
-		cniBinDirs:      []string{"/opt/cni/bin"},
-		logLevel:        "info",
-		logFormat:       "text",
-		shutdownTimeout: 10 * time.Second,
+		socket:            "/run/cocoon-cri/cocoon-cri.sock",
+		stateDir:          "/var/lib/cocoon-cri",
+		cocoonBinary:      "cocoon",
+		cocoonTimeout:     2 * time.Minute,
+		netnsDir:          "/var/run/netns",
+		cniConfDir:        "/etc/cni/net.d",
+		cniBinDirs:        []string{"/opt/cni/bin"},
+		logLevel:          "info",
+		logFormat:         "text",
+		shutdownTimeout:   10 * time.Second,
+		streamAddress:     "127.0.0.1:0",
+		guestSSHUser:      "root",
+		guestSSHPort:      22,
+		guestReadyTimeout: 2 * time.Minute,
 		// containerd's default: long enough for a slow registry, short enough to free a stuck pull.
 		pullProgressTimeout: 5 * time.Minute,
 	}
@@ -76,6 +86,14 @@ func (o *options) addFlags(cmd *cobra.Command) {
 	d.BoolVar(&o.serveDefaultHandler, "serve-default-handler", o.serveDefaultHandler,
 		"run pods of the default runtime handler (no runtimeClassName) as cocoon VMs too; needed for static pods")
 	d.DurationVar(&o.shutdownTimeout, "shutdown-timeout", o.shutdownTimeout, "how long SIGTERM waits for RPCs in flight")
+	d.StringVar(&o.streamAddress, "stream-address", o.streamAddress,
+		"host:port of the exec/attach/port-forward server the kubelet proxies to (port 0: a free port)")
+	d.StringVar(&o.guestSSHUser, "guest-ssh-user", o.guestSSHUser, "user to log in to guests as, when cocoon has no vm exec")
+	d.StringVar(&o.guestSSHKeyFile, "guest-ssh-key-file", o.guestSSHKeyFile, "private key to log in to guests with, when cocoon has no vm exec")
+	d.StringVar(&o.guestSSHPassword, "guest-ssh-password", o.guestSSHPassword, "password to log in to guests with, when cocoon has no vm exec")
+	d.IntVar(&o.guestSSHPort, "guest-ssh-port", o.guestSSHPort, "port of the guests' sshd")
+	d.DurationVar(&o.guestReadyTimeout, "guest-ready-timeout", o.guestReadyTimeout,
+		"how long a started guest may take before it runs commands (its agent or sshd up)")
 	d.StringSliceVar(&o.registryInsecure, "registry-insecure", o.registryInsecure,
 		"registries (host or host:port) that may be pulled from over plain HTTP; loopback ones always may (repeat or separate with commas)")
 	d.StringVar(&o.registryCAFile, "registry-ca-file", o.registryCAFile, "PEM file of CA certificates trusted for registries, besides the system's")
@@ -101,6 +119,9 @@ func (o *options) validate() error {
 	}
 	if o.cniConfDir == "" || len(o.cniBinDirs) == 0 {
 		return fmt.Errorf("--cni-conf-dir and --cni-bin-dir must not be empty")
+	}
+	if o.guestReadyTimeout <= 0 || o.guestSSHPort <= 0 || o.guestSSHPort > 65535 {
+		return fmt.Errorf("--guest-ready-timeout must be positive and --guest-ssh-port a port")
 	}
 	if o.cocoonTimeout <= 0 {
 		return fmt.Errorf("--cocoon-timeout must be positive")

@@ -115,6 +115,7 @@ var errorPatterns = []struct {
 	{"requires cloudimg", ErrInvalid},
 	{"requires OCI images", ErrInvalid},
 	{"invalid --", ErrInvalid},
+	{"must be KEY=VALUE", ErrInvalid},
 	{"invalid DNS server address", ErrInvalid},
 	{"cannot detect file type", ErrInvalid},
 	{"invalid snapshot archive", ErrInvalid},

@@ -162,6 +162,11 @@ type VM struct {
 	PullBase bool   `json:"pull_base,omitempty"`
 	ID       string `json:"id,omitempty"`
 	PID      int    `json:"pid,omitempty"`
+	// APISocket is the hypervisor's API socket (cocoon's socket_path): where its console is found.
+	APISocket string `json:"api_socket,omitempty"`
+	// SSHHostKey is the guest sshd's host key as first seen (authorized_keys format); a different
+	// key later is refused.
+	SSHHostKey string `json:"ssh_host_key,omitempty"`
 }
 
 func (c *Container) key() string          { return c.ID }

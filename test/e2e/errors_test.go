@@ -85,8 +85,6 @@ func TestBadInputsAreRefusedAndChangeNothing(t *testing.T) {
 			variant("baddio", withAnnotation("vm.cocoonstack.io/no-direct-io", "yes"))}, "no-direct-io"},
 		{"a missing image", "NotFound", []string{"create", "--no-pull", podID,
 			ctrVariant("noimage", func(c *runtimeapi.ContainerConfig) { c.Image.Image = "e2e/missing:v9" }), podFile}, "cocoon-cri image import"},
-		{"a container command", "InvalidArgument", []string{"create", "--no-pull", podID,
-			ctrVariant("cmd", func(c *runtimeapi.ContainerConfig) { c.Command = []string{"top"} }), podFile}, "command and args"},
 		{"the same container twice", "AlreadyExists", []string{"create", "--no-pull", podID, ctrFile, podFile}, ctrID},
 		{"a container in an unknown sandbox", "NotFound", []string{"create", "--no-pull", unknown, ctrFile, podFile}, "not found"},
 		{"a second start", "FailedPrecondition", []string{"start", ctrID}, "only a created container"},

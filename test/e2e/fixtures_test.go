@@ -69,6 +69,12 @@ func (n *node) snapshotImage(name string, opts testimage.SnapshotOptions) string
 // cloudImage writes a qcow2 cloud image and installs the UEFI firmware cocoon boots it with.
 func (n *node) cloudImage(name string) string {
 	n.t.Helper()
+	return n.cloudImageWithGuest(name, guest.Spec{})
+}
+
+// cloudImageWithGuest is cloudImage whose simulated guest behaves as spec says.
+func (n *node) cloudImageWithGuest(name string, spec guest.Spec) string {
+	n.t.Helper()
 	firmware := filepath.Join(n.rootDir, "firmware", "CLOUDHV.fd")
 	if err := os.MkdirAll(filepath.Dir(firmware), 0o755); err != nil {
 		n.t.Fatal(err)
@@ -77,7 +83,7 @@ func (n *node) cloudImage(name string) string {
 		n.t.Fatal(err)
 	}
 	var buf bytes.Buffer
-	if err := testimage.WriteQCOW2(&buf, 1<<30); err != nil {
+	if err := testimage.WriteQCOW2WithGuest(&buf, 1<<30, spec); err != nil {
 		n.t.Fatal(err)
 	}
 	return n.writeFile(name+".qcow2", buf.Bytes())

@@ -9,6 +9,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"github.com/cocoonstack/cocoon-cri/test/hostguard"
 )
 
 // bins are the executables under test, built once for the package.
@@ -70,7 +72,13 @@ func run(m *testing.M) int {
 			return 1
 		}
 	}
-	return m.Run()
+	host := hostguard.Snapshot()
+	code := m.Run()
+	if err := host.Check(); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
+	return code
 }
 
 func repoRoot() (string, error) {

@@ -44,6 +44,13 @@ func (n *node) podIP(podID string) string {
 // dialFromNode connects from the node's namespace and returns the first line the peer sends.
 func (n *node) dialFromNode(addr string) string {
 	n.t.Helper()
+	return n.answerFromNode(addr, func(string) bool { return true })
+}
+
+// answerFromNode dials addr from the node until the peer's first line satisfies want (the guest is
+// set up in the background after StartContainer), and returns the last line read.
+func (n *node) answerFromNode(addr string, want func(string) bool) string {
+	n.t.Helper()
 	var line string
 	n.inNode(func() error {
 		var err error
@@ -51,13 +58,20 @@ func (n *node) dialFromNode(addr string) string {
 		deadline := time.Now().Add(90 * time.Second)
 		for {
 			line, err = readLine(addr)
-			if err == nil || time.Now().After(deadline) {
+			if (err == nil && want(line)) || time.Now().After(deadline) {
 				return err
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
 	})
 	return line
+}
+
+// guestAnswer waits for the guest at addr to answer with hostname and ip.
+func (n *node) guestAnswer(addr, hostname, ip string) string {
+	n.t.Helper()
+	want := hostname + " " + ip + "\n"
+	return n.answerFromNode(addr, func(line string) bool { return line == want })
 }
 
 func readLine(addr string) (string, error) {
@@ -100,11 +114,12 @@ func TestPodIPReachesTheGuest(t *testing.T) {
 	if _, subnet, _ := net.ParseCIDR(nodeSubnet); !subnet.Contains(net.ParseIP(ip)) {
 		t.Fatalf("pod IP %s is not in the node's pod network %s", ip, nodeSubnet)
 	}
-	line := n.dialFromNode(fmt.Sprintf("%s:%d", ip, guestPort))
-	vmName, _ := field(n.inspect("inspect", ctrID), "info", "vm", "name").(string)
-	if !strings.Contains(line, vmName) || !strings.Contains(line, ip) {
-		t.Fatalf("the guest at %s answered %q, want its name %s and IP", ip, line, vmName)
+	// The guest answers with its hostname, which cocoon-cri set to the pod's.
+	line := n.guestAnswer(fmt.Sprintf("%s:%d", ip, guestPort), "web", ip)
+	if line != "web "+ip+"\n" {
+		t.Fatalf("the guest at %s answered %q, want the pod's hostname and IP", ip, line)
 	}
+	vmName, _ := field(n.inspect("inspect", ctrID), "info", "vm", "name").(string)
 	podMAC, _ := field(n.inspect("inspectp", podID), "info", "network", "mac").(string)
 	if podMAC == "" || n.neighbourMAC(ip) != podMAC {
 		t.Fatalf("the node sees %s at %q, the pod interface has %q", ip, n.neighbourMAC(ip), podMAC)
@@ -153,16 +168,20 @@ func TestRestartedContainerKeepsThePodAddress(t *testing.T) {
 	n.withReachableImage()
 	podID, first, podFile := n.runningPod("web", cloudRef)
 	ip := n.podIP(podID)
+	oldPID := n.vmPID(first)
 	n.mustCrictl("stop", "--timeout", "5", first)
+	if processAlive(oldPID) {
+		t.Fatal("the first VM still runs after its stop")
+	}
 	second := n.mustCrictl("create", "--no-pull", podID, n.configFile("again.json", containerConfig("app2", cloudRef)), podFile)
 	n.mustCrictl("start", second)
-	vmName, _ := field(n.inspect("inspect", second), "info", "vm", "name").(string)
-	if line := n.dialFromNode(fmt.Sprintf("%s:%d", ip, guestPort)); !strings.Contains(line, vmName) {
-		t.Fatalf("the pod IP answered %q, want the new VM %s", line, vmName)
+	// The first VM is off: the answer at the pod IP is the second one's.
+	if line := n.guestAnswer(fmt.Sprintf("%s:%d", ip, guestPort), "web", ip); line != "web "+ip+"\n" {
+		t.Fatalf("the pod IP answered %q", line)
 	}
 	// The exited VM can go while the new one keeps the interface.
 	n.mustCrictl("rm", first)
-	if line := n.dialFromNode(fmt.Sprintf("%s:%d", ip, guestPort)); !strings.Contains(line, vmName) {
+	if line := n.guestAnswer(fmt.Sprintf("%s:%d", ip, guestPort), "web", ip); line != "web "+ip+"\n" {
 		t.Fatalf("after removing the old container the pod IP answered %q", line)
 	}
 }
@@ -177,9 +196,8 @@ func TestHostPortReachesTheGuest(t *testing.T) {
 	podID := n.mustCrictl("runp", "--runtime", "cocoon", podFile)
 	ctrID := n.mustCrictl("create", "--no-pull", podID, n.configFile("ctr.json", containerConfig("app", cloudRef)), podFile)
 	n.mustCrictl("start", ctrID)
-	vmName, _ := field(n.inspect("inspect", ctrID), "info", "vm", "name").(string)
-	if line := n.dialFromNode(nodeGateway + ":30080"); !strings.Contains(line, vmName) {
-		t.Fatalf("host port 30080 answered %q, want the guest %s", line, vmName)
+	if line := n.guestAnswer(nodeGateway+":30080", "web", n.podIP(podID)); line != "web "+n.podIP(podID)+"\n" {
+		t.Fatalf("host port 30080 answered %q, want the guest", line)
 	}
 	n.mustCrictl("rmp", "--force", podID)
 	if rules := n.iptablesNAT(); strings.Contains(rules, "30080") {
@@ -386,9 +404,8 @@ func TestTwoPodsReachEachOther(t *testing.T) {
 	n := newNode(t)
 	n.withReachableImage()
 	_, ctrA, _ := n.runningPod("alpha", cloudRef)
-	podB, ctrB, _ := n.runningPod("beta", cloudRef)
+	podB, _, _ := n.runningPod("beta", cloudRef)
 	ipB := n.podIP(podB)
-	nameB, _ := field(n.inspect("inspect", ctrB), "info", "vm", "name").(string)
 
 	guestA, err := cocoonsim.GuestOSPID(n.vmPID(ctrA))
 	if err != nil {
@@ -399,7 +416,7 @@ func TestTwoPodsReachEachOther(t *testing.T) {
 	err = ns.WithNetNSPath(fmt.Sprintf("/proc/%d/ns/net", guestA), func(ns.NetNS) error {
 		for {
 			var err error
-			if line, err = readLine(fmt.Sprintf("%s:%d", ipB, guestPort)); err == nil || time.Now().After(deadline) {
+			if line, err = readLine(fmt.Sprintf("%s:%d", ipB, guestPort)); (err == nil && line == "beta "+ipB+"\n") || time.Now().After(deadline) {
 				return err
 			}
 			time.Sleep(200 * time.Millisecond)
@@ -408,7 +425,7 @@ func TestTwoPodsReachEachOther(t *testing.T) {
 	if err != nil {
 		t.Fatalf("pod alpha's guest cannot reach pod beta at %s: %v", ipB, err)
 	}
-	if !strings.Contains(line, nameB) {
-		t.Fatalf("pod beta's IP answered %q, want %s", line, nameB)
+	if line != "beta "+ipB+"\n" {
+		t.Fatalf("pod beta's IP answered %q", line)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -52,13 +53,19 @@ type node struct {
 // the test ends.
 func newNode(t *testing.T, extra ...string) *node {
 	t.Helper()
+	return newNodeWithEnv(t, nil, extra...)
+}
+
+// newNodeWithEnv is newNode with more environment for the daemon (and the cocoon it runs).
+func newNodeWithEnv(t *testing.T, env []string, extra ...string) *node {
+	t.Helper()
 	// Not t.TempDir: a unix socket path must stay under 108 bytes, and test names are long.
 	dir, err := os.MkdirTemp("", "ccri")
 	if err != nil {
 		t.Fatal(err)
 	}
 	n := &node{
-		t: t, dir: dir, extra: extra,
+		t: t, dir: dir, extra: extra, env: env,
 		socket:   filepath.Join(dir, "cri.sock"),
 		stateDir: filepath.Join(dir, "state"),
 		rootDir:  filepath.Join(dir, "cocoon", "root"),
@@ -243,13 +250,20 @@ func (n *node) log() string {
 
 // crictl runs crictl against the node and returns its stdout; the error carries stderr.
 func (n *node) crictl(args ...string) (string, error) {
+	return n.crictlWithStdin(nil, args...)
+}
+
+// crictlWithStdin is crictl with its standard input read from stdin.
+func (n *node) crictlWithStdin(stdin io.Reader, args ...string) (string, error) {
 	endpoint := "unix://" + n.socket
 	full := append([]string{"--runtime-endpoint", endpoint, "--image-endpoint", endpoint, "--timeout", "60s"}, args...)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bins.crictl, full...)
+	// In the node's namespace: exec, attach and port-forward URLs point at its loopback.
+	cmd := exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + n.nodeNS, "--", bins.crictl}, full...)...)
 	// crictl warns on stderr about a missing /etc/crictl.yaml; point it at an empty one.
 	cmd.Env = append(os.Environ(), "CRI_CONFIG_FILE="+os.DevNull)
+	cmd.Stdin = stdin
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {

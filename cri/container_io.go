@@ -1,0 +1,115 @@
+package cri
+
+import (
+	"context"
+	"io"
+	"time"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/store"
+	"github.com/cocoonstack/cocoon-cri/streaming"
+)
+
+// containerIO is a running container's streams, held in memory while it runs: its CRI log, its
+// VM's console, and, for a container with a command, that command as its main process.
+type containerIO struct {
+	log     *streaming.LogWriter // nil when the kubelet asked for no log
+	console *streaming.Console
+	main    *mainProcess // nil for a container whose VM's own init is the workload
+	cancel  context.CancelFunc
+}
+
+// consoleStopWait bounds how long a stop waits for the console reader to let go.
+const consoleStopWait = 5 * time.Second
+
+// mainCommand is what runs as a container's main process: its command and args. A VM image has no
+// entrypoint to prepend args to, so args alone are the command.
+func mainCommand(cfg *runtimeapi.ContainerConfig) []string {
+	return append(append([]string(nil), cfg.GetCommand()...), cfg.GetArgs()...)
+}
+
+// startIO opens a started container's streams. The console is always read, so the guest never
+// stalls on it; it is the container's log when the VM's init is the workload. Guest setup and the
+// main process run in the background: StartContainer does not wait for a booting guest.
+func (s *Server) startIO(sb *store.Sandbox, c *store.Container) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cio := &containerIO{cancel: cancel}
+	log := s.log.With("container", c.ID, "vm", c.VM.Name)
+	if c.LogPath != "" {
+		w, err := streaming.OpenLog(c.LogPath)
+		if err != nil {
+			log.Error("cannot write the container log", "path", c.LogPath, "err", err)
+		} else {
+			cio.log = w
+		}
+	}
+	argv := mainCommand(c.Config.Msg)
+	var consoleSink io.Writer
+	if len(argv) == 0 && cio.log != nil {
+		consoleSink = cio.log.Stream(runtimeapi.Stdout)
+	}
+	apiSocket := c.VM.APISocket
+	cio.console = streaming.NewConsole(func(ctx context.Context) (io.ReadWriteCloser, error) {
+		// Asked anew at each connection: a restarted hypervisor has a new PTY.
+		open, err := streaming.FindConsole(ctx, apiSocket)
+		if err != nil {
+			return nil, err
+		}
+		return open(ctx)
+	}, consoleSink, log)
+	if len(argv) > 0 {
+		cio.main = newMainProcess(c.Config.Msg, cio.log)
+	}
+	s.iosMu.Lock()
+	s.ios[c.ID] = cio
+	s.iosMu.Unlock()
+
+	go cio.console.Run(ctx)
+	go s.runGuest(ctx, sb, c, cio)
+}
+
+// runGuest prepares the guest (its network, hostname and resolvers, where cocoon could not) and
+// then runs the main process, if any.
+func (s *Server) runGuest(ctx context.Context, sb *store.Sandbox, c *store.Container, cio *containerIO) {
+	s.setUpGuest(ctx, sb, c)
+	if cio.main != nil {
+		code, err := cio.main.run(ctx, func(stdio streaming.ExecIO) (int, error) {
+			return s.guestExec(ctx, sb, c, cio.main.argv, stdio)
+		})
+		s.mainExited(ctx, sb.ID, c.ID, code, err)
+	}
+}
+
+// stopIO closes a container's streams. It does not wait for the main process's goroutine, which
+// may be waiting for the sandbox lock the caller holds; that goroutine finds the container no
+// longer running and returns.
+func (s *Server) stopIO(containerID string) {
+	s.iosMu.Lock()
+	cio := s.ios[containerID]
+	delete(s.ios, containerID)
+	s.iosMu.Unlock()
+	if cio == nil {
+		return
+	}
+	cio.cancel()
+	select {
+	case <-cio.console.Done():
+	case <-time.After(consoleStopWait):
+		s.log.Warn("the console reader did not stop in time", "container", containerID)
+	}
+	if cio.main != nil {
+		cio.main.close()
+	}
+	if cio.log != nil {
+		if err := cio.log.Close(); err != nil {
+			s.log.Warn("closing the container log failed", "container", containerID, "err", err)
+		}
+	}
+}
+
+func (s *Server) ioOf(containerID string) *containerIO {
+	s.iosMu.Lock()
+	defer s.iosMu.Unlock()
+	return s.ios[containerID]
+}

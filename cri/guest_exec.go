@@ -1,0 +1,152 @@
+package cri
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/pkg/store"
+	"github.com/cocoonstack/cocoon-cri/streaming"
+)
+
+// GuestSSH is how cocoon-cri logs in to guests when cocoon has no vm exec. Images may override the
+// user and password with the labels cocoon.ssh.username and cocoon.ssh.password, as cocoon's OCI
+// images declare them.
+type GuestSSH struct {
+	User     string
+	Password string
+	KeyFile  string
+	Port     int
+}
+
+func (g GuestSSH) configured() bool { return g.Password != "" || g.KeyFile != "" }
+
+// Image labels that override the guest login.
+const (
+	labelSSHUser     = "cocoon.ssh.username"
+	labelSSHPassword = "cocoon.ssh.password"
+)
+
+// errNoExecPath says what to configure when there is no way into a guest.
+var errNoExecPath = status.Error(codes.FailedPrecondition,
+	"cannot run commands in the guest: this cocoon has no vm exec (it came after v0.3.8) and no guest SSH login is configured; "+
+		"upgrade cocoon, or start cocoon-cri with --guest-ssh-key-file or --guest-ssh-password")
+
+// agentRetry paces retries while a booting guest's agent comes up.
+const agentRetry = 250 * time.Millisecond
+
+// hasExecPath reports whether commands can be run in guests at all.
+func (s *Server) hasExecPath(ctx context.Context) bool {
+	return s.cocoon.ExecSupported(ctx) || s.cfg.GuestSSH.configured()
+}
+
+// guestExec runs argv in the container's guest and returns its exit code: through cocoon's guest
+// agent (vm exec) when this cocoon has it, over SSH to the pod IP otherwise. A booting guest's
+// agent is waited for until ctx ends.
+func (s *Server) guestExec(ctx context.Context, sb *store.Sandbox, c *store.Container, argv []string, stdio streaming.ExecIO) (int, error) {
+	if s.cocoon.ExecSupported(ctx) {
+		return s.agentExec(ctx, sb, c, argv, stdio)
+	}
+	if s.cfg.GuestSSH.configured() {
+		return s.sshExec(ctx, sb, c, argv, stdio)
+	}
+	return -1, errNoExecPath
+}
+
+// agentExec uses cocoon's vm exec. It has no terminal of its own: a TTY request runs the command
+// under script(1) in the guest, which makes one (the terminal keeps its initial size).
+func (s *Server) agentExec(ctx context.Context, sb *store.Sandbox, c *store.Container, argv []string, stdio streaming.ExecIO) (int, error) {
+	if stdio.TTY {
+		argv = []string{"script", "-qefc", streaming.ShellQuote(argv), "/dev/null"}
+		stdio.Stderr = stdio.Stdout
+	}
+	opts := cocoon.ExecOptions{Stdin: stdio.Stdin, Stdout: stdio.Stdout, Stderr: stdio.Stderr}
+	for {
+		code, err := s.cocoonFor(sb).VMExec(ctx, c.VM.ID, argv, opts)
+		if !errors.Is(err, cocoon.ErrAgentStarting) {
+			return code, err
+		}
+		select {
+		case <-ctx.Done():
+			return -1, fmt.Errorf("the guest agent of %s did not come up: %w", c.VM.Name, ctx.Err())
+		case <-time.After(agentRetry):
+		}
+	}
+}
+
+func (s *Server) sshExec(ctx context.Context, sb *store.Sandbox, c *store.Container, argv []string, stdio streaming.ExecIO) (int, error) {
+	if sb.Network == nil || len(sb.Network.IPs) == 0 {
+		return -1, precondition("the pod has no IP to reach its guest's sshd at")
+	}
+	target, err := s.sshTarget(sb, c)
+	if err != nil {
+		return -1, err
+	}
+	return streaming.SSHExec(ctx, target, argv, stdio)
+}
+
+func (s *Server) sshTarget(sb *store.Sandbox, c *store.Container) (streaming.SSHTarget, error) {
+	g := s.cfg.GuestSSH
+	user, password := g.User, g.Password
+	if img, err := s.store.Images.Get(c.ImageID); err == nil {
+		if u := img.Labels[labelSSHUser]; u != "" {
+			user = u
+		}
+		if p := img.Labels[labelSSHPassword]; p != "" {
+			password = p
+		}
+	}
+	var auth []ssh.AuthMethod
+	if g.KeyFile != "" {
+		key, err := os.ReadFile(g.KeyFile)
+		if err != nil {
+			return streaming.SSHTarget{}, fmt.Errorf("read --guest-ssh-key-file: %w", err)
+		}
+		signer, err := ssh.ParsePrivateKey(key)
+		if err != nil {
+			return streaming.SSHTarget{}, fmt.Errorf("parse --guest-ssh-key-file: %w", err)
+		}
+		auth = append(auth, ssh.PublicKeys(signer))
+	}
+	if password != "" {
+		auth = append(auth, ssh.Password(password))
+	}
+	return streaming.SSHTarget{
+		Addr:    net.JoinHostPort(sb.Network.IPs[0], strconv.Itoa(g.Port)),
+		User:    user,
+		Auth:    auth,
+		HostKey: s.trustOnFirstUse(c.ID),
+	}, nil
+}
+
+// trustOnFirstUse accepts the guest's host key the first time it is seen for this container's VM
+// and records it; later connections must present the same key. A guest generates its key at first
+// boot, so nothing can be known in advance; a changed key means another machine answers at the
+// pod IP, and is refused.
+func (s *Server) trustOnFirstUse(containerID string) ssh.HostKeyCallback {
+	return func(_ string, _ net.Addr, key ssh.PublicKey) error {
+		presented := ssh.MarshalAuthorizedKey(key)
+		_, err := s.store.Containers.Modify(containerID, func(r *store.Container) error {
+			if r.VM.SSHHostKey == "" {
+				r.VM.SSHHostKey = string(presented)
+				return nil
+			}
+			if !bytes.Equal([]byte(r.VM.SSHHostKey), presented) {
+				return fmt.Errorf("the guest's SSH host key changed (was %s, now %s): refusing to connect",
+					bytes.TrimSpace([]byte(r.VM.SSHHostKey)), bytes.TrimSpace(presented))
+			}
+			return nil
+		})
+		return err
+	}
+}

@@ -1,0 +1,92 @@
+package cri
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/store"
+	"github.com/cocoonstack/cocoon-cri/streaming"
+	"github.com/cocoonstack/cocoon-cri/tapmanager"
+)
+
+// setUpGuest gives the guest what cocoon cannot at boot, through the guest exec path: a clone's
+// pod address (a clone keeps its snapshot's network configuration; cocoon only swaps the NIC), the
+// pod's hostname (cocoon names the guest after the VM) and the pod's resolvers with their search
+// domains and options (cocoon passes servers only). Without an exec path the guest keeps what
+// cocoon gave it; docs/networking.md says so.
+func (s *Server) setUpGuest(ctx context.Context, sb *store.Sandbox, c *store.Container) {
+	log := s.log.With("container", c.ID, "vm", c.VM.Name)
+	if !s.hasExecPath(ctx) {
+		log.Info("guest left as cocoon configured it: no way to run commands in it")
+		return
+	}
+	script := guestSetupScript(sb, c)
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.GuestReadyTimeout)
+	defer cancel()
+	for {
+		var out bytes.Buffer
+		code, err := s.guestExec(ctx, sb, c, []string{"/bin/sh", "-c", script}, streaming.ExecIO{Stdout: &out, Stderr: &out})
+		switch {
+		case err == nil && code == 0:
+			log.Info("guest configured for the pod")
+			return
+		case err == nil:
+			log.Warn("configuring the guest for the pod failed", "exitCode", code, "output", strings.TrimSpace(out.String()))
+			return
+		case ctx.Err() != nil:
+			log.Warn("the guest did not take commands in time; left as cocoon configured it", "err", err)
+			return
+		}
+		// A guest still booting (its sshd not up yet): try again.
+		select {
+		case <-ctx.Done():
+		case <-time.After(agentRetry):
+		}
+	}
+}
+
+// guestSetupScript is the shell script that configures the guest. The NIC is found by the pod
+// interface's MAC, which cocoon gave it: its name in the guest depends on the guest.
+func guestSetupScript(sb *store.Sandbox, c *store.Container) string {
+	cfg := sb.Config.Msg
+	var b strings.Builder
+	b.WriteString("set -e\n")
+	if c.VM.Mode == store.VMClone && sb.Network != nil && len(sb.Network.Result) > 0 {
+		if result, err := tapmanager.DecodeResult(sb.Network.Result); err == nil {
+			if addr, gw, ok := tapmanager.PodIPv4(result); ok {
+				ones, _ := addr.Mask.Size()
+				fmt.Fprintf(&b, "mac=%s\ndev=\n", streaming.ShellQuote([]string{strings.ToLower(sb.Network.MAC)}))
+				b.WriteString("for d in /sys/class/net/*; do [ \"$(cat \"$d/address\" 2>/dev/null)\" = \"$mac\" ] && dev=${d##*/}; done\n")
+				b.WriteString("[ -n \"$dev\" ] || { echo \"no interface with MAC $mac\" >&2; exit 1; }\n")
+				b.WriteString("ip link set \"$dev\" up\nip addr flush dev \"$dev\"\n")
+				fmt.Fprintf(&b, "ip addr add %s/%d dev \"$dev\"\n", addr.IP, ones)
+				if gw != nil {
+					fmt.Fprintf(&b, "ip route replace default via %s dev \"$dev\"\n", gw)
+				}
+			}
+		}
+	}
+	hostname := cfg.GetHostname()
+	if hostname == "" {
+		hostname = cfg.GetMetadata().GetName()
+	}
+	quoted := streaming.ShellQuote([]string{hostname})
+	fmt.Fprintf(&b, "hostname %s\necho %s > /etc/hostname\n", quoted, quoted)
+	if dns := cfg.GetDnsConfig(); dns != nil && (len(dns.GetServers())+len(dns.GetSearches())+len(dns.GetOptions())) > 0 {
+		var conf strings.Builder
+		for _, server := range dns.GetServers() {
+			fmt.Fprintf(&conf, "nameserver %s\n", server)
+		}
+		if len(dns.GetSearches()) > 0 {
+			fmt.Fprintf(&conf, "search %s\n", strings.Join(dns.GetSearches(), " "))
+		}
+		if len(dns.GetOptions()) > 0 {
+			fmt.Fprintf(&conf, "options %s\n", strings.Join(dns.GetOptions(), " "))
+		}
+		fmt.Fprintf(&b, "printf '%%s' %s > /etc/resolv.conf\n", streaming.ShellQuote([]string{conf.String()}))
+	}
+	return b.String()
+}

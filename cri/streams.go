@@ -1,0 +1,287 @@
+package cri
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	"k8s.io/cri-streaming/pkg/streaming/remotecommand"
+	utilexec "k8s.io/utils/exec"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/store"
+	"github.com/cocoonstack/cocoon-cri/streaming"
+)
+
+// ServeStreams starts the server the kubelet's exec, attach and port-forward streams go to, on
+// addr (host:port; port 0 picks a free one). The caller runs and closes it.
+func (s *Server) ServeStreams(addr string) (*streaming.Server, error) {
+	srv, err := streaming.NewServer(addr, streamRuntime{s})
+	if err != nil {
+		return nil, err
+	}
+	s.streams = srv
+	return srv, nil
+}
+
+// maxExecSyncOutput bounds what ExecSync keeps of each stream, as containerd does: a probe is not
+// a way to copy files.
+const maxExecSyncOutput = 16 << 20
+
+// ExecSync runs a command in the guest and returns its output and exit code. Past its timeout the
+// command is killed and the RPC fails.
+func (s *Server) ExecSync(ctx context.Context, req *runtimeapi.ExecSyncRequest) (*runtimeapi.ExecSyncResponse, error) {
+	if len(req.GetCmd()) == 0 {
+		return nil, invalid("cmd is required")
+	}
+	if req.GetTimeout() < 0 {
+		return nil, invalid("timeout must not be negative, got %d", req.GetTimeout())
+	}
+	sb, c, err := s.runningContainer(req.GetContainerId())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if req.GetTimeout() > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, time.Duration(req.GetTimeout())*time.Second)
+		defer cancel()
+	}
+	stdout, stderr := &cappedBuffer{max: maxExecSyncOutput}, &cappedBuffer{max: maxExecSyncOutput}
+	code, err := s.guestExec(ctx, sb, c, req.GetCmd(), streaming.ExecIO{Stdout: stdout, Stderr: stderr})
+	if errors.Is(err, context.DeadlineExceeded) && req.GetTimeout() > 0 {
+		return nil, status.Errorf(codes.DeadlineExceeded, "command %q timed out after %ds", req.GetCmd(), req.GetTimeout())
+	}
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &runtimeapi.ExecSyncResponse{Stdout: stdout.Bytes(), Stderr: stderr.Bytes(), ExitCode: int32(code)}, nil
+}
+
+// Exec hands out the URL of an exec stream.
+func (s *Server) Exec(ctx context.Context, req *runtimeapi.ExecRequest) (*runtimeapi.ExecResponse, error) {
+	if len(req.GetCmd()) == 0 {
+		return nil, invalid("cmd is required")
+	}
+	if err := checkStreams(req.GetStdin(), req.GetStdout(), req.GetStderr(), req.GetTty()); err != nil {
+		return nil, err
+	}
+	if _, _, err := s.runningContainer(req.GetContainerId()); err != nil {
+		return nil, toStatus(err)
+	}
+	if !s.hasExecPath(ctx) {
+		return nil, errNoExecPath
+	}
+	resp, err := s.streams.GetExec(req)
+	return resp, toStatus(err)
+}
+
+// Attach hands out the URL of an attach stream: the main process's streams, or the VM's console
+// for a container whose VM's init is the workload.
+func (s *Server) Attach(_ context.Context, req *runtimeapi.AttachRequest) (*runtimeapi.AttachResponse, error) {
+	if err := checkStreams(req.GetStdin(), req.GetStdout(), req.GetStderr(), req.GetTty()); err != nil {
+		return nil, err
+	}
+	if _, _, err := s.runningContainer(req.GetContainerId()); err != nil {
+		return nil, toStatus(err)
+	}
+	resp, err := s.streams.GetAttach(req)
+	return resp, toStatus(err)
+}
+
+// PortForward hands out the URL of a port-forward stream to the pod IP.
+func (s *Server) PortForward(_ context.Context, req *runtimeapi.PortForwardRequest) (*runtimeapi.PortForwardResponse, error) {
+	for _, p := range req.GetPort() {
+		if p <= 0 || p > 65535 {
+			return nil, invalid("port %d is out of range", p)
+		}
+	}
+	if _, err := s.sandboxAddress(req.GetPodSandboxId()); err != nil {
+		return nil, toStatus(err)
+	}
+	resp, err := s.streams.GetPortForward(req)
+	return resp, toStatus(err)
+}
+
+// ReopenContainerLog starts a new log file at the container's log path, after the kubelet renamed
+// the old one.
+func (s *Server) ReopenContainerLog(_ context.Context, req *runtimeapi.ReopenContainerLogRequest) (*runtimeapi.ReopenContainerLogResponse, error) {
+	_, c, err := s.runningContainer(req.GetContainerId())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	cio := s.ioOf(c.ID)
+	if cio == nil || cio.log == nil {
+		return nil, precondition("container %s writes no log (it has no log path)", c.ID)
+	}
+	if err := cio.log.Reopen(); err != nil {
+		return nil, toStatus(err)
+	}
+	return &runtimeapi.ReopenContainerLogResponse{}, nil
+}
+
+// checkStreams refuses stream combinations no client can use.
+func checkStreams(stdin, stdout, stderr, tty bool) error {
+	if !stdin && !stdout && !stderr {
+		return invalid("one of stdin, stdout and stderr must be requested")
+	}
+	if tty && stderr {
+		return invalid("a terminal has no separate stderr: with tty, ask for stdout only")
+	}
+	return nil
+}
+
+// runningContainer looks up a container that runs, and its sandbox.
+func (s *Server) runningContainer(idOrPrefix string) (*store.Sandbox, *store.Container, error) {
+	if idOrPrefix == "" {
+		return nil, nil, invalid("container ID is required")
+	}
+	id, err := s.store.Containers.Resolve(idOrPrefix)
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := s.store.Containers.Get(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	if c.State != store.ContainerRunning {
+		return nil, nil, precondition("container %s is %s, not running", c.ID, c.State)
+	}
+	sb, err := s.store.Sandboxes.Get(c.SandboxID)
+	if err != nil {
+		return nil, nil, err
+	}
+	return sb, c, nil
+}
+
+// sandboxAddress is a ready sandbox's pod IP.
+func (s *Server) sandboxAddress(idOrPrefix string) (string, error) {
+	sb, err := s.visibleSandbox(idOrPrefix)
+	if err != nil {
+		return "", err
+	}
+	if sb.State != store.SandboxReady || sb.Network == nil || sb.Network.Released || len(sb.Network.IPs) == 0 {
+		return "", precondition("pod sandbox %s has no pod IP to forward to (not ready)", sb.ID)
+	}
+	return sb.Network.IPs[0], nil
+}
+
+// streamRuntime serves the streams the stream server accepted.
+type streamRuntime struct{ s *Server }
+
+func (r streamRuntime) Exec(ctx context.Context, containerID string, cmd []string, in io.Reader, out, errw io.WriteCloser, tty bool, resize <-chan remotecommand.TerminalSize) error {
+	sb, c, err := r.s.runningContainer(containerID)
+	if err != nil {
+		return err
+	}
+	stdio := streaming.ExecIO{Stdin: in, TTY: tty, Resize: resize}
+	if out != nil {
+		stdio.Stdout = out
+	}
+	if errw != nil {
+		stdio.Stderr = errw
+	}
+	code, err := r.s.guestExec(ctx, sb, c, cmd, stdio)
+	if err != nil {
+		return err
+	}
+	if code != 0 {
+		return utilexec.CodeExitError{Err: fmt.Errorf("command terminated with exit code %d", code), Code: code}
+	}
+	return nil
+}
+
+// Attach joins the container's output until the client leaves or the container stops; the
+// client's input goes to the main process's stdin, or to the VM's console.
+func (r streamRuntime) Attach(ctx context.Context, containerID string, in io.Reader, out, errw io.WriteCloser, tty bool, _ <-chan remotecommand.TerminalSize) error {
+	_, c, err := r.s.runningContainer(containerID)
+	if err != nil {
+		return err
+	}
+	cio := r.s.ioOf(c.ID)
+	if cio == nil {
+		return precondition("container %s is not running", c.ID)
+	}
+	var copies sync.WaitGroup
+	follow := func(sub func() (<-chan []byte, func()), w io.Writer) {
+		if w == nil {
+			return
+		}
+		ch, stop := sub()
+		context.AfterFunc(ctx, stop)
+		copies.Go(func() {
+			for chunk := range ch {
+				if _, err := w.Write(chunk); err != nil {
+					stop()
+				}
+			}
+		})
+	}
+	var stdin io.Writer
+	inputDone := func() {}
+	if cio.main != nil {
+		follow(cio.main.stdout.Subscribe, out)
+		if !tty {
+			follow(cio.main.stderr.Subscribe, errw)
+		}
+		stdin, inputDone = cio.main.attachStdin()
+	} else {
+		follow(cio.console.Subscribe, out)
+		stdin = cio.console
+	}
+	if in != nil && stdin != nil {
+		go func() {
+			_, _ = io.Copy(stdin, in)
+			inputDone()
+		}()
+	}
+	copies.Wait()
+	return nil
+}
+
+// PortForward connects the stream to the port on the pod IP, from the node; each direction closes
+// on its own (half-close), and the forward ends when both have.
+func (r streamRuntime) PortForward(ctx context.Context, podSandboxID string, port int32, stream io.ReadWriteCloser) error {
+	defer stream.Close()
+	ip, err := r.s.sandboxAddress(podSandboxID)
+	if err != nil {
+		return err
+	}
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", net.JoinHostPort(ip, strconv.Itoa(int(port))))
+	if err != nil {
+		return fmt.Errorf("connect to %s port %d: %w", ip, port, err)
+	}
+	defer conn.Close()
+	tcp := conn.(*net.TCPConn)
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		_, _ = io.Copy(tcp, stream)
+		_ = tcp.CloseWrite()
+	})
+	_, err = io.Copy(stream, tcp)
+	wg.Wait()
+	return err
+}
+
+// cappedBuffer keeps the first max bytes written to it.
+type cappedBuffer struct {
+	bytes.Buffer
+	max int
+}
+
+func (b *cappedBuffer) Write(p []byte) (int, error) {
+	if room := b.max - b.Len(); room > 0 {
+		b.Buffer.Write(p[:min(len(p), room)])
+	}
+	return len(p), nil
+}

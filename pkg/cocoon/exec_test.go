@@ -1,0 +1,111 @@
+package cocoon
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestExecSupportedReadsTheUsageLine(t *testing.T) {
+	// cocoon v0.3.8 answers "vm exec --help" with vm's own help and exit 0.
+	old, _ := fakeCocoon(t, response{match: "vm exec --help", stdout: "Manage virtual machines\n\nUsage:\n  cocoon vm [command]\n"})
+	if old.ExecSupported(context.Background()) {
+		t.Fatal("a cocoon without vm exec was taken for one with it")
+	}
+	newer, dir := fakeCocoon(t, response{match: "vm exec --help", stdout: "Run a command inside a running VM\n\nUsage:\n  cocoon vm exec [flags] VM -- COMMAND [ARGS...]\n"})
+	for range 3 {
+		if !newer.ExecSupported(context.Background()) {
+			t.Fatal("vm exec not detected")
+		}
+	}
+	if n := len(calls(t, dir)); n != 1 {
+		t.Fatalf("probed %d times, want once per binary", n)
+	}
+}
+
+func TestVMExecPassesTheCommandsExitCodeOn(t *testing.T) {
+	c, dir := fakeCocoon(t,
+		response{match: "-- ok", stdout: "out\n"},
+		response{match: "-- fails", stdout: "partial\n", stderr: "its own complaint\n", code: 3},
+		response{match: "-- says-error", stderr: "Error: the command's own words\n", code: 1},
+		response{match: "-- early", stderr: logLine + "Error: exec: dial agent: read CONNECT reply: EOF (cocoon-agent may still be starting; retry shortly)\n", code: 1},
+		response{match: "-- stopped", stderr: "Error: exec: vm not running\n", code: 1},
+	)
+	ctx := context.Background()
+	var out, errOut bytes.Buffer
+	code, err := c.VMExec(ctx, "VMID", []string{"ok"}, ExecOptions{Stdout: &out, Env: map[string]string{"B": "2", "A": "1"}})
+	if err != nil || code != 0 || out.String() != "out\n" {
+		t.Fatalf("ok: %d %v %q", code, err, out.String())
+	}
+	if got := calls(t, dir)[0]; !strings.HasSuffix(got, "vm exec --env A=1 --env B=2 VMID -- ok") {
+		t.Fatalf("argv %q", got)
+	}
+	out.Reset()
+	code, err = c.VMExec(ctx, "VMID", []string{"fails"}, ExecOptions{Stdout: &out, Stderr: &errOut})
+	if err != nil || code != 3 || out.String() != "partial\n" || errOut.String() != "its own complaint\n" {
+		t.Fatalf("fails: %d %v %q %q", code, err, out.String(), errOut.String())
+	}
+	if code, err = c.VMExec(ctx, "VMID", []string{"says-error"}, ExecOptions{}); err != nil || code != 1 {
+		t.Fatalf("a command printing Error: was taken for cocoon failing: %d %v", code, err)
+	}
+	if _, err = c.VMExec(ctx, "VMID", []string{"early"}, ExecOptions{}); !errors.Is(err, ErrAgentStarting) {
+		t.Fatalf("agent not up: %v", err)
+	}
+	var ce *CommandError
+	if _, err = c.VMExec(ctx, "VMID", []string{"stopped"}, ExecOptions{}); !errors.As(err, &ce) || ce.Message != "exec: vm not running" {
+		t.Fatalf("stopped VM: %v", err)
+	}
+}
+
+func TestVMExecStdinIsOptIn(t *testing.T) {
+	c, dir := fakeCocoon(t, response{match: "vm exec"})
+	if _, err := c.VMExec(context.Background(), "VMID", []string{"cat"}, ExecOptions{Stdin: strings.NewReader("typed")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.VMExec(context.Background(), "VMID", []string{"true"}, ExecOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	got := calls(t, dir)
+	if !strings.Contains(got[0], "--interactive VMID -- cat") || strings.Contains(got[1], "--interactive") {
+		t.Fatalf("argv %q", got)
+	}
+	if stdin, _ := os.ReadFile(filepath.Join(dir, "stdin.log")); string(stdin) != "typed" {
+		t.Fatalf("stdin %q", stdin)
+	}
+}
+
+func TestVMExecReturnsWhenTheCommandEndsWhileStdinStaysOpen(t *testing.T) {
+	// A terminal session: the guest shell exits while the client's stdin stream is still open.
+	bin := filepath.Join(t.TempDir(), "cocoon")
+	if err := os.WriteFile(bin, []byte("#!/bin/sh\nread line\necho \"got $line\"\nexit 4\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	c := New(Options{Binary: bin, RootDir: "/r", RunDir: "/run/c", LogDir: "/log/c"})
+	stdin, typing := io.Pipe()
+	defer typing.Close()
+	go func() { _, _ = typing.Write([]byte("exit\n")) }()
+	type result struct {
+		code int
+		err  error
+	}
+	done := make(chan result, 1)
+	var out bytes.Buffer
+	go func() {
+		code, err := c.VMExec(context.Background(), "VMID", []string{"sh"}, ExecOptions{Stdin: stdin, Stdout: &out})
+		done <- result{code, err}
+	}()
+	select {
+	case r := <-done:
+		if r.err != nil || r.code != 4 || out.String() != "got exit\n" {
+			t.Fatalf("%d %v %q", r.code, r.err, out.String())
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("VMExec still waits for a stdin the command no longer reads")
+	}
+}

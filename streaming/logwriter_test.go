@@ -1,0 +1,142 @@
+package streaming
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	"k8s.io/cri-client/pkg/logs"
+)
+
+// readBack parses a log file with the kubelet's own reader (the kubectl logs path).
+func readBack(t *testing.T, path string) (stdout, stderr string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	if err := logs.ReadLogs(context.Background(), path, "", &logs.LogOptions{}, nil, &out, &errOut); err != nil {
+		t.Fatal(err)
+	}
+	return out.String(), errOut.String()
+}
+
+var recordFormat = regexp.MustCompile(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z (stdout|stderr) (P|F) `)
+
+func TestLogRecordsAreWhatTheKubeletReads(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "pod", "ctr", "0.log")
+	w, err := OpenLog(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, stderr := w.Stream(runtimeapi.Stdout), w.Stream(runtimeapi.Stderr)
+	fmt.Fprint(stdout, "booting\r\nhalf a ")
+	fmt.Fprint(stderr, "an error\n")
+	fmt.Fprint(stdout, "line\nlast without newline")
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	data, _ := os.ReadFile(path)
+	for _, line := range strings.Split(strings.TrimSuffix(string(data), "\n"), "\n") {
+		if !recordFormat.MatchString(line) {
+			t.Fatalf("record %q is not in the CRI log format", line)
+		}
+	}
+	out, errOut := readBack(t, path)
+	if out != "booting\nhalf a line\nlast without newline\n" || errOut != "an error\n" {
+		t.Fatalf("read back stdout %q stderr %q", out, errOut)
+	}
+}
+
+func TestLongLinesBecomePartialRecords(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "0.log")
+	w, err := OpenLog(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := strings.Repeat("x", 2*MaxLogLine+100)
+	fmt.Fprint(w.Stream(runtimeapi.Stdout), long+"\n")
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	data, _ := os.ReadFile(path)
+	tags := regexp.MustCompile(`stdout (P|F) `).FindAllStringSubmatch(string(data), -1)
+	if len(tags) != 3 || tags[0][1] != "P" || tags[1][1] != "P" || tags[2][1] != "F" {
+		t.Fatalf("tags %v, want P P F", tags)
+	}
+	if out, _ := readBack(t, path); out != long+"\n" {
+		t.Fatalf("the long line came back with %d bytes, want %d", len(out), len(long)+1)
+	}
+}
+
+// TestRotationUnderContinuousOutputLosesAndDoublesNothing renames and reopens the log the way the
+// kubelet rotates it, again and again, while output keeps coming, some of it in pieces.
+func TestRotationUnderContinuousOutputLosesAndDoublesNothing(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "0.log")
+	w, err := OpenLog(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const lines = 20000
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		out := w.Stream(runtimeapi.Stdout)
+		for i := range lines {
+			line := fmt.Sprintf("line %d\n", i)
+			// Split some lines across writes, as a console delivers them.
+			if i%3 == 0 {
+				fmt.Fprint(out, line[:4])
+				fmt.Fprint(out, line[4:])
+			} else {
+				fmt.Fprint(out, line)
+			}
+		}
+	})
+	rotations := 0
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	for running := true; running; {
+		select {
+		case <-done:
+			running = false
+		default:
+			rotations++
+			if err := os.Rename(path, filepath.Join(dir, fmt.Sprintf("0.log.%06d", rotations))); err != nil {
+				t.Fatal(err)
+			}
+			if err := w.Reopen(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	files, _ := filepath.Glob(filepath.Join(dir, "0.log*"))
+	seen := make([]int, lines)
+	for _, f := range files {
+		out, _ := readBack(t, f)
+		for _, l := range strings.Split(strings.TrimSuffix(out, "\n"), "\n") {
+			if l == "" {
+				continue
+			}
+			n, err := strconv.Atoi(strings.TrimPrefix(l, "line "))
+			if err != nil {
+				t.Fatalf("%s: a torn line %q", f, l)
+			}
+			seen[n]++
+		}
+	}
+	for i, n := range seen {
+		if n != 1 {
+			t.Fatalf("line %d appears %d times (over %d rotations into %d files)", i, n, rotations, len(files))
+		}
+	}
+	t.Logf("%d lines, %d rotations", lines, rotations)
+}

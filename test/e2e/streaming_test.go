@@ -1,0 +1,423 @@
+package e2e
+
+import (
+	"context"
+	"crypto/ed25519"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	utilexec "k8s.io/utils/exec"
+
+	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
+	"github.com/cocoonstack/cocoon-cri/test/testimage"
+)
+
+// TestExecThroughCrictl: commands run in the guest (its hostname is the pod's), with their output,
+// stdin and exit code.
+func TestExecThroughCrictl(t *testing.T) {
+	n := newNode(t)
+	n.withSnapshot()
+	_, ctrID, _ := n.runningPod("web", snapRef)
+
+	out := n.mustCrictl("exec", ctrID, "sh", "-c", "echo out; hostname")
+	if !strings.HasPrefix(out, "out\n") {
+		t.Fatalf("exec output %q", out)
+	}
+	// The guest is set up for the pod in the background after the start.
+	deadline := time.Now().Add(30 * time.Second)
+	for n.mustCrictl("exec", ctrID, "hostname") != "web" {
+		if time.Now().After(deadline) {
+			t.Fatalf("the guest's hostname stayed %q, want the pod's", n.mustCrictl("exec", ctrID, "hostname"))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if got, err := n.crictlWithStdin(strings.NewReader("typed into the guest"), "exec", "-i", ctrID, "cat"); err != nil || got != "typed into the guest" {
+		t.Fatalf("exec -i cat: %q, %v", got, err)
+	}
+	if _, err := n.crictl("exec", ctrID, "sh", "-c", "exit 3"); err == nil || !strings.Contains(err.Error(), "exit code 3") {
+		t.Fatalf("a failing command: %v", err)
+	}
+}
+
+// TestExecWithATerminal: a TTY exec gets a terminal in the guest, and ends when its command does
+// even though the client's stdin stays open.
+func TestExecWithATerminal(t *testing.T) {
+	n := newNode(t)
+	n.withSnapshot()
+	_, ctrID, _ := n.runningPod("web", snapRef)
+	ctx, cancel := within()
+	defer cancel()
+	url := n.execURL(&runtimeapi.ExecRequest{ContainerId: ctrID, Cmd: []string{"sh"}, Tty: true, Stdin: true, Stdout: true})
+	res := n.stream(ctx, url, &slowReader{ctx: ctx, data: []byte("tty; echo from-the-guest; exit\n")}, streamOpts{tty: true})
+	if res.err != nil {
+		t.Fatalf("tty exec: %v (output %q)", res.err, res.stdout)
+	}
+	if !strings.Contains(res.stdout, "/dev/pts/") || !strings.Contains(res.stdout, "from-the-guest") {
+		t.Fatalf("tty exec output %q", res.stdout)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("the stream outlived its command")
+	}
+}
+
+// TestStreamsOverWebSocket: exec and attach over WebSocket, as a legacy WebSocket client or a
+// kubelet proxying one reaches the stream server. The v4 channel protocol cannot close stdin, so
+// the command reads one line rather than to the end.
+func TestStreamsOverWebSocket(t *testing.T) {
+	n := newNode(t)
+	n.withSnapshot()
+	_, ctrID, _ := n.runningPod("web", snapRef)
+	ctx, cancel := within()
+	defer cancel()
+	url := n.execURL(&runtimeapi.ExecRequest{ContainerId: ctrID, Cmd: []string{"sh", "-c", "read -r line; echo \"$line\"; echo err >&2; exit 3"}, Stdin: true, Stdout: true, Stderr: true})
+	res := n.stream(ctx, url, strings.NewReader("over a websocket\n"), streamOpts{stderr: true, websocket: true})
+	var exit utilexec.ExitError
+	if !errors.As(res.err, &exit) || exit.ExitStatus() != 3 || res.stdout != "over a websocket\n" || res.stderr != "err\n" {
+		t.Fatalf("exec over WebSocket: %+v", res)
+	}
+
+	vmName, _ := field(n.inspect("inspect", ctrID), "info", "vm", "name").(string)
+	n.waitLog(ctrID, "cocoon-sim guest "+vmName+" ready")
+	attachCtx, stop := context.WithTimeout(context.Background(), 30*time.Second)
+	defer stop()
+	url = n.attachURL(&runtimeapi.AttachRequest{ContainerId: ctrID, Stdin: true, Stdout: true})
+	done := make(chan streamResult, 1)
+	go func() {
+		done <- n.stream(attachCtx, url, &slowReader{ctx: attachCtx, data: []byte("typed-over-a-websocket\n")}, streamOpts{websocket: true})
+	}()
+	n.waitLog(ctrID, "you typed: typed-over-a-websocket", done)
+	stop()
+	if r := <-done; !strings.Contains(r.stdout, "you typed: typed-over-a-websocket") {
+		t.Fatalf("attach over WebSocket saw %q", r.stdout)
+	}
+}
+
+// TestExecSyncAPI: output, exit code, and a timeout that kills the command.
+func TestExecSyncAPI(t *testing.T) {
+	n := newNode(t)
+	n.withSnapshot()
+	_, ctrID, _ := n.runningPod("web", snapRef)
+	rt, _ := n.clients()
+	ctx := context.Background()
+	resp, err := rt.ExecSync(ctx, &runtimeapi.ExecSyncRequest{ContainerId: ctrID, Cmd: []string{"sh", "-c", "echo out; echo err >&2; exit 3"}, Timeout: 30})
+	if err != nil || string(resp.GetStdout()) != "out\n" || string(resp.GetStderr()) != "err\n" || resp.GetExitCode() != 3 {
+		t.Fatalf("ExecSync: %+v, %v", resp, err)
+	}
+	start := time.Now()
+	_, err = rt.ExecSync(ctx, &runtimeapi.ExecSyncRequest{ContainerId: ctrID, Cmd: []string{"sleep", "1234"}, Timeout: 1})
+	if status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("ExecSync past its timeout: %v after %s", err, time.Since(start))
+	}
+	// The timed-out command is gone from the guest.
+	resp, err = rt.ExecSync(ctx, &runtimeapi.ExecSyncRequest{ContainerId: ctrID, Cmd: []string{"sh", "-c", "pgrep -f 'slee[p] 1234' || true"}, Timeout: 30})
+	if err != nil || strings.TrimSpace(string(resp.GetStdout())) != "" {
+		t.Fatalf("the timed-out command still runs: %q, %v", resp.GetStdout(), err)
+	}
+	if _, err := rt.ExecSync(ctx, &runtimeapi.ExecSyncRequest{ContainerId: ctrID}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("ExecSync without a command: %v", err)
+	}
+}
+
+var timestamped = regexp.MustCompile(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+Z `)
+
+// TestConsoleIsTheLogAndAttachReachesIt: a container whose VM's init is the workload logs its
+// console; attach sees the console and types into it; crictl logs' options work.
+func TestConsoleIsTheLogAndAttachReachesIt(t *testing.T) {
+	n := newNode(t)
+	n.withSnapshot()
+	_, ctrID, _ := n.runningPod("web", snapRef)
+	vmName, _ := field(n.inspect("inspect", ctrID), "info", "vm", "name").(string)
+	ready := "cocoon-sim guest " + vmName + " ready"
+	n.waitLog(ctrID, ready)
+
+	if tail := n.mustCrictl("logs", "--tail", "1", ctrID); tail != ready {
+		t.Fatalf("logs --tail 1: %q", tail)
+	}
+	if stamped := n.mustCrictl("logs", "--tail", "1", "--timestamps", ctrID); !timestamped.MatchString(stamped) || !strings.HasSuffix(stamped, ready) {
+		t.Fatalf("logs --timestamps: %q", stamped)
+	}
+	if future := n.mustCrictl("logs", "--since", time.Now().Add(time.Hour).Format(time.RFC3339), ctrID); future != "" {
+		t.Fatalf("logs --since an hour ahead: %q", future)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	url := n.attachURL(&runtimeapi.AttachRequest{ContainerId: ctrID, Stdin: true, Stdout: true})
+	res := make(chan streamResult, 1)
+	go func() {
+		res <- n.stream(ctx, url, &slowReader{ctx: ctx, data: []byte("typed-at-the-console\n")}, streamOpts{})
+	}()
+	// The guest echoes what is typed, and answers the line: both reach the log and the client.
+	n.waitLog(ctrID, "you typed: typed-at-the-console", res)
+	cancel()
+	if r := <-res; !strings.Contains(r.stdout, "you typed: typed-at-the-console") {
+		t.Fatalf("attach saw %q", r.stdout)
+	}
+}
+
+// waitLog waits until the container's log holds want.
+// waitLog waits for the container's log to show want. A stream given as ended fails the wait at
+// once: what it printed says why.
+func (n *node) waitLog(ctrID, want string, ended ...<-chan streamResult) {
+	n.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(n.mustCrictl("logs", ctrID), want) {
+		if time.Now().After(deadline) {
+			n.t.Fatalf("the log never showed %q:\n%s", want, n.mustCrictl("logs", ctrID))
+		}
+		for _, ch := range ended {
+			select {
+			case r := <-ch:
+				n.t.Fatalf("the stream ended before the log showed %q: %v (stdout %q, stderr %q)", want, r.err, r.stdout, r.stderr)
+			default:
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// TestCommandIsTheMainProcess: a container's command runs in the guest as its main process: its
+// output is the log (stdout and stderr apart), crictl logs -f follows it to the end, its exit code
+// is the container's, and its end powers the VM off.
+func TestCommandIsTheMainProcess(t *testing.T) {
+	n := newNode(t)
+	n.withSnapshot()
+	pod := n.podConfig("job", "uid-job")
+	podFile := n.configFile("pod.json", pod)
+	podID := n.mustCrictl("runp", "--runtime", "cocoon", podFile)
+	cfg := containerConfig("work", snapRef)
+	cfg.Command = []string{"sh", "-c"}
+	cfg.Args = []string{"echo line1; echo err1 >&2; sleep 2; echo line2; exit 3"}
+	ctrID := n.startContainer(podID, podFile, cfg)
+	pid := n.vmPID(ctrID)
+
+	followed := n.mustCrictl("logs", "-f", ctrID)
+	if followed != "line1\nerr1\nline2" && followed != "line1\nline2" {
+		t.Fatalf("logs -f: %q", followed)
+	}
+	st := n.waitExited(ctrID)
+	if st["exitCode"] != 3.0 || st["reason"] != "Error" {
+		t.Fatalf("status after the command: %v", st)
+	}
+	logFile, _ := st["logPath"].(string)
+	data, err := os.ReadFile(logFile)
+	if err != nil || !strings.Contains(string(data), " stderr F err1\n") || !strings.Contains(string(data), " stdout F line2\n") {
+		t.Fatalf("log file %s: %q, %v", logFile, data, err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for processAlive(pid) {
+		if time.Now().After(deadline) {
+			t.Fatal("the VM runs on after its command ended")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// waitExited waits for the container to exit and returns its status.
+func (n *node) waitExited(ctrID string) map[string]any {
+	n.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		st := n.inspect("inspect", ctrID)["status"].(map[string]any)
+		if st["state"] == "CONTAINER_EXITED" {
+			return st
+		}
+		if time.Now().After(deadline) {
+			n.t.Fatalf("the container did not exit: %v", st)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// TestAttachFeedsTheCommandsStdin: crictl attach -i to a shell as the main process (critest's
+// attach case does the same through client-go).
+func TestAttachFeedsTheCommandsStdin(t *testing.T) {
+	n := newNode(t)
+	n.withSnapshot()
+	podFile := n.configFile("pod.json", n.podConfig("sh", "uid-sh"))
+	podID := n.mustCrictl("runp", "--runtime", "cocoon", podFile)
+	cfg := containerConfig("shell", snapRef)
+	cfg.Command, cfg.Stdin, cfg.StdinOnce = []string{"/bin/sh"}, true, true
+	ctrID := n.startContainer(podID, podFile, cfg)
+	// The session ends when the shell does: StdinOnce closes its stdin with the session's.
+	out, err := n.crictlWithStdin(strings.NewReader("echo hello\n"), "attach", "-i", ctrID)
+	if err != nil || !strings.Contains(out, "hello") {
+		t.Fatalf("attach -i: %q, %v", out, err)
+	}
+	if st := n.waitExited(ctrID); st["exitCode"] != 0.0 {
+		t.Fatalf("the shell exited %v", st["exitCode"])
+	}
+}
+
+// TestPortForwardReachesTheGuest: crictl port-forward to the pod's port 80, and HTTP GETs
+// through it, one and then many at once (each connection is a stream of its own).
+func TestPortForwardReachesTheGuest(t *testing.T) {
+	n := newNode(t)
+	n.importImage(snapRef, n.snapshotImage("web", testimage.SnapshotOptions{Guest: guest.Spec{HTTPPort: 80}}))
+	podID, _, _ := n.runningPod("web", snapRef)
+	fwd := exec.Command("nsenter", "--net="+n.nodeNS, "--", bins.crictl, "--runtime-endpoint", "unix://"+n.socket, "port-forward", podID, "18080:80")
+	fwd.Env = append(os.Environ(), "CRI_CONFIG_FILE="+os.DevNull)
+	var fwdOut syncBuffer
+	fwd.Stdout, fwd.Stderr = &fwdOut, &fwdOut
+	if err := fwd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = fwd.Process.Kill(); _ = fwd.Wait() })
+	var body string
+	var err error
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		var status int
+		status, body, err = n.httpGetInNode("http://127.0.0.1:18080/")
+		if err == nil && status != http.StatusOK {
+			err = fmt.Errorf("status %d", status)
+		}
+		if err == nil && strings.Contains(body, "web") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no page through the port forward: %v, %q; crictl port-forward said:\n%s", err, body, fwdOut.String())
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for range 16 {
+		wg.Go(func() {
+			status, page, err := n.httpGetInNode("http://127.0.0.1:18080/")
+			if err == nil && (status != http.StatusOK || page != body) {
+				err = fmt.Errorf("status %d, page %q", status, page)
+			}
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatalf("concurrent GET through the port forward: %v", err)
+		}
+	}
+}
+
+// TestExecOverSSHWithoutCocoonExec: with a cocoon that has no vm exec (v0.3.8), commands reach a
+// booted guest over SSH with the node's key, the guest is set up that way too, and its host key is
+// pinned at first use. Without any exec path, a container command is refused at create.
+func TestExecOverSSHWithoutCocoonExec(t *testing.T) {
+	key, authorized := sshKeyPair(t)
+	n := newNodeWithEnv(t, []string{"COCOON_SIM_NO_EXEC=1"}, "--guest-ssh-key-file", key)
+	n.importImage(cloudRef, n.cloudImageWithGuest("sshd", guest.Spec{SSHAuthorizedKey: authorized}))
+	_, ctrID, _ := n.runningPod("web", cloudRef)
+
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		out, err := n.crictl("exec", ctrID, "hostname")
+		if err == nil && out == "web" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("exec over SSH: %q, %v", out, err)
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	if hostKey, _ := field(n.inspect("inspect", ctrID), "info", "vm", "ssh_host_key").(string); !strings.HasPrefix(hostKey, "ssh-") {
+		t.Fatalf("the guest's host key was not pinned: %q", hostKey)
+	}
+
+	bare := newNodeWithEnv(t, []string{"COCOON_SIM_NO_EXEC=1"})
+	bare.withSnapshot()
+	podFile := bare.configFile("pod.json", bare.podConfig("cmd", "uid-cmd"))
+	podID := bare.mustCrictl("runp", "--runtime", "cocoon", podFile)
+	cfg := containerConfig("work", snapRef)
+	cfg.Command = []string{"top"}
+	msg := bare.crictlFails("InvalidArgument", "create", "--no-pull", podID, bare.configFile("cmd.json", cfg), podFile)
+	if !strings.Contains(msg, "--guest-ssh-key-file") {
+		t.Fatalf("the refusal does not say what to configure: %s", msg)
+	}
+}
+
+// sshKeyPair writes a new private key for the node and returns its path and the public key line a
+// guest authorizes.
+func sshKeyPair(t *testing.T) (keyFile, authorized string) {
+	t.Helper()
+	pub, priv, err := ed25519.GenerateKey(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	block, err := ssh.MarshalPrivateKey(priv, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyFile = filepath.Join(t.TempDir(), "id_ed25519")
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(block), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sshPub, err := ssh.NewPublicKey(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return keyFile, strings.TrimSpace(string(ssh.MarshalAuthorizedKey(sshPub)))
+}
+
+// TestStreamsAcrossARestart: after cocoon-cri restarts, a running VM's console is the container's
+// log again and attach reaches it; a container whose command ran under the old daemon is recorded
+// exited (MainProcessLost) and its VM powered off, so the kubelet restarts it.
+func TestStreamsAcrossARestart(t *testing.T) {
+	n := newNode(t)
+	n.withSnapshot()
+	_, consoleCtr, _ := n.runningPod("web", snapRef)
+	vmName, _ := field(n.inspect("inspect", consoleCtr), "info", "vm", "name").(string)
+	n.waitLog(consoleCtr, "cocoon-sim guest "+vmName+" ready")
+
+	podFile := n.configFile("job-pod.json", n.podConfig("job", "uid-job"))
+	podID := n.mustCrictl("runp", "--runtime", "cocoon", podFile)
+	cfg := containerConfig("work", snapRef)
+	cfg.Command = []string{"sh", "-c", "echo started; sleep 3600"}
+	cmdCtr := n.startContainer(podID, podFile, cfg)
+	n.waitLog(cmdCtr, "started")
+	cmdVM := n.vmPID(cmdCtr)
+
+	n.restart()
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	url := n.attachURL(&runtimeapi.AttachRequest{ContainerId: consoleCtr, Stdin: true, Stdout: true})
+	res := make(chan streamResult, 1)
+	go func() {
+		res <- n.stream(ctx, url, &slowReader{ctx: ctx, data: []byte("after-the-restart\n")}, streamOpts{})
+	}()
+	n.waitLog(consoleCtr, "you typed: after-the-restart", res)
+	cancel()
+	<-res
+	logged := n.mustCrictl("logs", consoleCtr)
+	if strings.Count(logged, "cocoon-sim guest "+vmName+" ready") != 1 {
+		t.Fatalf("the log after the restart lost or repeated the boot lines:\n%s", logged)
+	}
+
+	st := n.waitExited(cmdCtr)
+	if st["reason"] != "MainProcessLost" || st["exitCode"] != 137.0 {
+		t.Fatalf("a command cut off by the restart: %v", st)
+	}
+	for deadline := time.Now().Add(30 * time.Second); processAlive(cmdVM); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the VM of the lost command runs on")
+		}
+	}
+	if got := n.mustCrictl("logs", cmdCtr); got != "started" {
+		t.Fatalf("the lost command's log: %q", got)
+	}
+}
