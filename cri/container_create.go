@@ -65,6 +65,7 @@ func (s *Server) CreateContainer(ctx context.Context, req *runtimeapi.CreateCont
 	if err := s.store.Containers.Create(c); err != nil {
 		return nil, toStatus(fmt.Errorf("record container: %w", err))
 	}
+	s.emit(runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT, c)
 	s.log.Info("container created", "container", id, "sandbox", sb.ID, "image", img.ID,
 		"vm", vm.Name, "mode", vm.Mode, "cpu", vm.CPU, "memory", vm.Memory, "storage", vm.Storage)
 	return &runtimeapi.CreateContainerResponse{ContainerId: id}, nil

@@ -50,6 +50,7 @@ func (s *Server) removeContainer(ctx context.Context, sb *store.Sandbox, c *stor
 	if err := s.store.Containers.Delete(c.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
 		return fmt.Errorf("delete container record: %w", err)
 	}
+	s.emit(runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT, c)
 	s.log.Info("container removed", "container", c.ID, "vm", ref)
 	return nil
 }

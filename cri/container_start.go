@@ -44,13 +44,16 @@ func (s *Server) StartContainer(ctx context.Context, req *runtimeapi.StartContai
 	if err != nil {
 		log.Error("VM did not start", "err", err)
 		s.cleanUpFailedStart(sb, c)
-		if _, recErr := s.store.Containers.Modify(c.ID, func(r *store.Container) error {
+		exited, recErr := s.store.Containers.Modify(c.ID, func(r *store.Container) error {
 			r.State, r.FinishedAt = store.ContainerExited, s.now()
 			r.ExitCode, r.Reason, r.Message = startErrorExitCode, reasonStartError, err.Error()
 			r.VM.ID, r.VM.PID = "", 0
 			return nil
-		}); recErr != nil {
+		})
+		if recErr != nil {
 			log.Error("recording the failed start failed", "err", recErr)
+		} else {
+			s.emit(runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT, exited)
 		}
 		return nil, toStatus(fmt.Errorf("start VM %s: %w", c.VM.Name, err))
 	}
@@ -65,6 +68,7 @@ func (s *Server) StartContainer(ctx context.Context, req *runtimeapi.StartContai
 	if err != nil {
 		return nil, toStatus(err)
 	}
+	s.emit(runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT, running)
 	s.startIO(sb, running)
 	log.Info("container started", "vmID", vm.ID, "pid", vm.PID)
 	return &runtimeapi.StartContainerResponse{}, nil

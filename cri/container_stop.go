@@ -92,14 +92,16 @@ type exitStatus struct {
 // recordExit records the container EXITED and closes its streams. It comes last, so a failure
 // before it is retried by the kubelet's next stop.
 func (s *Server) recordExit(c *store.Container, st exitStatus) error {
-	if _, err := s.store.Containers.Modify(c.ID, func(r *store.Container) error {
+	exited, err := s.store.Containers.Modify(c.ID, func(r *store.Container) error {
 		r.State, r.FinishedAt = store.ContainerExited, s.now()
 		r.ExitCode, r.Reason, r.Message = st.code, st.reason, st.message
 		r.VM.PID = 0
 		return nil
-	}); err != nil {
+	})
+	if err != nil {
 		return fmt.Errorf("record container exited: %w", err)
 	}
+	s.emit(runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT, exited)
 	s.stopIO(c.ID)
 	return nil
 }

@@ -7,7 +7,6 @@ package cri
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"runtime"
@@ -58,6 +57,18 @@ type Config struct {
 	GuestSSH GuestSSH
 	// GuestReadyTimeout bounds the wait for a started guest to take commands (its agent or sshd).
 	GuestReadyTimeout time.Duration
+	// Metrics, when set, is told what the VM watcher and the startup reconcile find.
+	Metrics Observer
+	// OrphanPolicy says what the startup reconcile does with VMs named like cocoon-cri's that no
+	// record claims: OrphanAlert (the default), OrphanDestroy or OrphanKeep.
+	OrphanPolicy OrphanPolicy
+}
+
+// Observer is told what the runtime finds outside any RPC: VMs with cocoon-cri's names that no
+// record claims, and restarts of the VM event stream. pkg/metrics implements it.
+type Observer interface {
+	Orphans(n int)
+	WatcherRestarted()
 }
 
 // Cocoon's own limits (reference/cocoon-contract.md section 1.1).
@@ -81,6 +92,7 @@ type Server struct {
 	health   *refresh.Value[*cocoon.VersionInfo]
 	netReady *refresh.Value[struct{}]
 	streams  *streaming.Server
+	events   eventHub
 
 	iosMu   sync.Mutex
 	ios     map[string]*containerIO // running containers' streams, by container ID
@@ -130,21 +142,6 @@ func (s *Server) Register(g *grpc.Server) {
 	runtimeapi.RegisterImageServiceServer(g, s)
 }
 
-// Recover brings the records to a consistent state after a restart: a RunPodSandbox that a crash
-// interrupted is rolled back, so the kubelet's retry of it starts clean.
-func (s *Server) Recover(ctx context.Context) error {
-	for _, sb := range s.store.Sandboxes.List(func(sb *store.Sandbox) bool { return sb.State == store.SandboxCreating }) {
-		s.log.Info("rolling back an interrupted RunPodSandbox", "sandbox", sb.ID, "name", sb.Name)
-		if err := s.rollbackSandbox(ctx, sb); err != nil {
-			return fmt.Errorf("roll back sandbox %s: %w", sb.ID, err)
-		}
-	}
-	for _, c := range s.store.Containers.List(func(c *store.Container) bool { return c.State == store.ContainerRunning }) {
-		s.resumeIO(ctx, c)
-	}
-	return ctx.Err()
-}
-
 // Shutdown closes every running container's streams (their logs are flushed); the VMs go on.
 func (s *Server) Shutdown() {
 	s.iosMu.Lock()
@@ -157,33 +154,6 @@ func (s *Server) Shutdown() {
 		s.stopIO(id)
 	}
 }
-
-// resumeIO picks up a running container's streams after a restart: the console (and with it the
-// log) is the VM's and goes on. A main process ran through a cocoon vm exec that ended with the
-// old cocoon-cri, so its exit status is lost: the container exits, and its VM stops, so the
-// kubelet restarts it the usual way.
-func (s *Server) resumeIO(ctx context.Context, c *store.Container) {
-	sb, err := s.store.Sandboxes.Get(c.SandboxID)
-	if err != nil {
-		return
-	}
-	if len(mainCommand(c.Config.Msg)) == 0 {
-		s.startIO(sb, c)
-		return
-	}
-	unlock := s.locks.Lock(sb.ID)
-	defer unlock()
-	if err := s.powerOff(ctx, sb, c, mainExitStopTimeout); err != nil && !errors.Is(err, cocoon.ErrNotFound) {
-		s.log.Error("stopping the VM of a command lost in a restart failed", "container", c.ID, "err", err)
-	}
-	if err := s.recordExit(c, exitStatus{code: killedExitCode, reason: reasonMainProcessLost,
-		message: "cocoon-cri restarted while the command ran; its exit status is unknown"}); err != nil {
-		s.log.Error("recording a lost command failed", "container", c.ID, "err", err)
-	}
-}
-
-// reasonMainProcessLost: the container's command was cut off by a restart of cocoon-cri.
-const reasonMainProcessLost = "MainProcessLost"
 
 func (s *Server) now() int64 { return s.nowFunc().UnixNano() }
 

@@ -13,7 +13,6 @@ const (
 	insteadStats    = "VM statistics are not collected yet"
 	insteadResize   = "a running VM cannot be resized; recreate the pod with the new resources"
 	insteadCheckpnt = "checkpointing a VM through the CRI is not supported; take a cocoon snapshot on the node (cocoon snapshot save)"
-	insteadEvents   = "container events are not streamed yet; run the kubelet with its default generic PLEG (EventedPLEG off)"
 	insteadMetrics  = "CRI pod metrics are not provided; leave the PodAndContainerStatsFromCRI feature gate off"
 )
 
@@ -70,11 +69,6 @@ func (s *Server) CheckpointPod(context.Context, *runtimeapi.CheckpointPodRequest
 // RestorePod is not served.
 func (s *Server) RestorePod(context.Context, *runtimeapi.RestorePodRequest) (*runtimeapi.RestorePodResponse, error) {
 	return nil, unimplemented("RestorePod", insteadCheckpnt)
-}
-
-// GetContainerEvents is not served.
-func (s *Server) GetContainerEvents(*runtimeapi.GetEventsRequest, runtimeapi.RuntimeService_GetContainerEventsServer) error {
-	return unimplemented("GetContainerEvents", insteadEvents)
 }
 
 // ListMetricDescriptors is not served.

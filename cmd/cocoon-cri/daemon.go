@@ -70,6 +70,7 @@ func runDaemon(parent context.Context, o *options) error {
 		ServeDefaultHandler: o.serveDefaultHandler,
 		GuestSSH:            cri.GuestSSH{User: o.guestSSHUser, KeyFile: o.guestSSHKeyFile, Password: o.guestSSHPassword, Port: o.guestSSHPort},
 		GuestReadyTimeout:   o.guestReadyTimeout,
+		OrphanPolicy:        cri.OrphanPolicy(o.orphanPolicy),
 	}, log, st, cc, nets, images)
 	defer server.Shutdown()
 	streams, err := server.ServeStreams(o.streamAddress)
@@ -86,6 +87,7 @@ func runDaemon(parent context.Context, o *options) error {
 	if err := server.Recover(ctx); err != nil {
 		return fmt.Errorf("recover state: %w", err)
 	}
+	go server.WatchVMs(ctx)
 	if err := images.Sweep(ctx); err != nil {
 		log.Warn("deleting unused image artifacts failed; the next removal retries", "err", err)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/cocoonstack/cocoon-cri/cri"
 	"github.com/cocoonstack/cocoon-cri/pkg/config"
 )
 
@@ -37,6 +38,7 @@ type options struct {
 	guestSSHPassword    string
 	guestSSHPort        int
 	guestReadyTimeout   time.Duration
+	orphanPolicy        string
 	logLevel            string
 	logFormat           string
 	shutdownTimeout     time.Duration
@@ -61,6 +63,7 @@ func defaultOptions() *options {
 		guestSSHUser:      "root",
 		guestSSHPort:      22,
 		guestReadyTimeout: 2 * time.Minute,
+		orphanPolicy:      string(cri.OrphanAlert),
 		// containerd's default: long enough for a slow registry, short enough to free a stuck pull.
 		pullProgressTimeout: 5 * time.Minute,
 	}
@@ -92,6 +95,8 @@ func (o *options) addFlags(cmd *cobra.Command) {
 	d.StringVar(&o.guestSSHKeyFile, "guest-ssh-key-file", o.guestSSHKeyFile, "private key to log in to guests with, when cocoon has no vm exec")
 	d.StringVar(&o.guestSSHPassword, "guest-ssh-password", o.guestSSHPassword, "password to log in to guests with, when cocoon has no vm exec")
 	d.IntVar(&o.guestSSHPort, "guest-ssh-port", o.guestSSHPort, "port of the guests' sshd")
+	d.StringVar(&o.orphanPolicy, "orphan-policy", o.orphanPolicy,
+		"what to do at start with VMs named like cocoon-cri's that no record claims: alert (log and count), destroy (vm rm --force) or keep")
 	d.DurationVar(&o.guestReadyTimeout, "guest-ready-timeout", o.guestReadyTimeout,
 		"how long a started guest may take before it runs commands (its agent or sshd up)")
 	d.StringSliceVar(&o.registryInsecure, "registry-insecure", o.registryInsecure,
@@ -119,6 +124,9 @@ func (o *options) validate() error {
 	}
 	if o.cniConfDir == "" || len(o.cniBinDirs) == 0 {
 		return fmt.Errorf("--cni-conf-dir and --cni-bin-dir must not be empty")
+	}
+	if _, err := cri.ParseOrphanPolicy(o.orphanPolicy); err != nil {
+		return fmt.Errorf("--orphan-policy: %w", err)
 	}
 	if o.guestReadyTimeout <= 0 || o.guestSSHPort <= 0 || o.guestSSHPort > 65535 {
 		return fmt.Errorf("--guest-ready-timeout must be positive and --guest-ssh-port a port")

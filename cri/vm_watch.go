@@ -1,0 +1,171 @@
+package cri
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"syscall"
+	"time"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/pkg/store"
+)
+
+// Reasons a running container's VM ended outside cocoon-cri.
+const (
+	reasonVMStopped = "VMStopped"
+	reasonVMCrashed = "VMCrashed"
+)
+
+const (
+	// vmWatchPoll is how often cocoon re-checks hypervisor processes for the event stream: a
+	// crashed VM is reported within it. Changes to cocoon's records are reported at once.
+	vmWatchPoll = time.Second
+	// vmSweepInterval paces the check of every running container against cocoon's list, which
+	// covers VMs that ended while the event stream was down.
+	vmSweepInterval = 10 * time.Second
+	watchBackoffMin = time.Second
+	watchBackoffMax = time.Minute
+)
+
+// WatchVMs follows cocoon's VM events until ctx ends, restarting the stream with backoff when it
+// stops, and sweeps running containers periodically. A VM that stops, crashes or disappears turns
+// its container EXITED.
+func (s *Server) WatchVMs(ctx context.Context) {
+	go s.sweepLoop(ctx)
+	backoff := watchBackoffMin
+	for {
+		started := time.Now()
+		err := s.cocoon.WatchVMs(ctx, vmWatchPoll, func(ev cocoon.VMEvent) { s.onVMEvent(ctx, ev) })
+		if ctx.Err() != nil {
+			return
+		}
+		if time.Since(started) > watchBackoffMax {
+			backoff = watchBackoffMin
+		}
+		s.log.Warn("the VM event stream stopped; restarting it", "err", err, "in", backoff)
+		if s.cfg.Metrics != nil {
+			s.cfg.Metrics.WatcherRestarted()
+		}
+		sleepCtx(ctx, backoff)
+		backoff = min(2*backoff, watchBackoffMax)
+	}
+}
+
+// onVMEvent looks at an event without waiting for any lock: the stream must keep flowing while a
+// lifecycle RPC holds a sandbox.
+func (s *Server) onVMEvent(ctx context.Context, ev cocoon.VMEvent) {
+	if ev.Event != cocoon.VMDeleted && !vmEnded(ev.VM.State) {
+		return
+	}
+	for _, c := range s.runningContainersOf(ev.VM.ID) {
+		go s.checkVMEnded(ctx, c.SandboxID, c.ID, c.VM.ID)
+	}
+}
+
+func (s *Server) sweepLoop(ctx context.Context) {
+	t := time.NewTicker(vmSweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.sweep(ctx)
+		}
+	}
+}
+
+// sweep checks every running container against cocoon's VM list: one cocoon call, whatever the
+// number of pods. vm list shows a dead hypervisor as running, so its PID is checked here.
+func (s *Server) sweep(ctx context.Context) {
+	running := s.store.Containers.List(func(c *store.Container) bool { return c.State == store.ContainerRunning })
+	if len(running) == 0 {
+		return
+	}
+	vms, err := s.cocoon.VMList(ctx)
+	if err != nil {
+		s.log.Warn("checking running VMs failed", "err", err)
+		return
+	}
+	byID := make(map[string]cocoon.VM, len(vms))
+	for _, vm := range vms {
+		byID[vm.ID] = vm
+	}
+	for _, c := range running {
+		vm, ok := byID[c.VM.ID]
+		if ok && vm.State == cocoon.VMStateRunning && processAlive(vm.PID) {
+			continue
+		}
+		s.checkVMEnded(ctx, c.SandboxID, c.ID, c.VM.ID)
+	}
+}
+
+// checkVMEnded asks cocoon about a running container's VM and, if it is no longer running,
+// records the container's end. It holds the sandbox lock, so a stop or removal in flight is seen
+// through: their own exit status stands.
+func (s *Server) checkVMEnded(ctx context.Context, sandboxID, containerID, vmID string) {
+	unlock := s.locks.Lock(sandboxID)
+	defer unlock()
+	c, err := s.store.Containers.Get(containerID)
+	if err != nil || c.State != store.ContainerRunning || c.VM.ID != vmID {
+		return
+	}
+	sb, err := s.store.Sandboxes.Get(sandboxID)
+	if err != nil {
+		return
+	}
+	vm, err := s.cocoon.VMInspect(ctx, vmID)
+	var st exitStatus
+	switch {
+	case errors.Is(err, cocoon.ErrNotFound):
+		st = exitStatus{killedExitCode, reasonVMGone, "the VM was removed from cocoon outside cocoon-cri"}
+	case err != nil:
+		s.log.Warn("inspecting a VM that may have ended failed", "container", c.ID, "vm", vmID, "err", err)
+		return
+	case vm.State == cocoon.VMStateStopped:
+		st = exitStatus{0, reasonVMStopped, "the VM stopped outside cocoon-cri (its guest powered off, or cocoon vm stop)"}
+	case vmEnded(vm.State):
+		st = exitStatus{killedExitCode, reasonVMCrashed, fmt.Sprintf("the hypervisor process ended unexpectedly (cocoon reports %q)", vm.State)}
+	default:
+		return
+	}
+	// The pod interface goes back to the pod, so the kubelet's next container can take it.
+	if err := s.reclaimInterface(sb, c); err != nil {
+		s.log.Warn("taking the pod interface back from an ended VM failed", "container", c.ID, "err", err)
+	}
+	if err := s.recordExit(c, st); err != nil {
+		s.log.Error("recording the end of a VM failed", "container", c.ID, "err", err)
+		return
+	}
+	s.log.Warn("container exited: its VM ended outside cocoon-cri", "container", c.ID, "vm", vmID, "reason", st.reason)
+}
+
+// vmEnded reports whether a VM in this state no longer runs its guest.
+func vmEnded(st cocoon.VMState) bool {
+	return st == cocoon.VMStateStopped || st == cocoon.VMStateStale || st == cocoon.VMStateError
+}
+
+func (s *Server) runningContainersOf(vmID string) []*store.Container {
+	return s.store.Containers.List(func(c *store.Container) bool {
+		return c.State == store.ContainerRunning && c.VM.ID == vmID
+	})
+}
+
+// processAlive reports whether pid names a live process (EPERM: alive, owned by someone else).
+func processAlive(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
