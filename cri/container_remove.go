@@ -47,6 +47,10 @@ func (s *Server) removeContainer(ctx context.Context, sb *store.Sandbox, c *stor
 	if err := s.cocoonFor(sb).VMRemove(ctx, ref, true); err != nil && !errors.Is(err, cocoon.ErrNotFound) {
 		return fmt.Errorf("remove VM %s: %w", ref, err)
 	}
+	// Before the record goes, so a cgroup still busy is retried by the kubelet's next removal.
+	if err := s.removeCgroup(ctx, sb, c, "", cgroupRemoveWait); err != nil {
+		return err
+	}
 	if err := s.store.Containers.Delete(c.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
 		return fmt.Errorf("delete container record: %w", err)
 	}

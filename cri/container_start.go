@@ -9,6 +9,7 @@ import (
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
+	"github.com/cocoonstack/cocoon-cri/pkg/vmstats"
 	"github.com/cocoonstack/cocoon-cri/tapmanager"
 )
 
@@ -41,9 +42,16 @@ func (s *Server) StartContainer(ctx context.Context, req *runtimeapi.StartContai
 
 	log := s.log.With("container", c.ID, "sandbox", sb.ID, "vm", c.VM.Name)
 	vm, err := s.launchVM(ctx, sb, c)
+	var cgroup, cgroupCreated string
+	if err == nil {
+		cgroup, cgroupCreated, err = s.placeVM(sb, c, vm.PID)
+	}
 	if err != nil {
 		log.Error("VM did not start", "err", err)
 		s.cleanUpFailedStart(sb, c)
+		if cgErr := s.removeCgroup(context.WithoutCancel(ctx), sb, c, cgroupCreated, cgroupRemoveWait); cgErr != nil {
+			log.Warn("the cgroup of a failed start is left behind", "err", cgErr)
+		}
 		exited, recErr := s.store.Containers.Modify(c.ID, func(r *store.Container) error {
 			r.State, r.FinishedAt = store.ContainerExited, s.now()
 			r.ExitCode, r.Reason, r.Message = startErrorExitCode, reasonStartError, err.Error()
@@ -57,9 +65,13 @@ func (s *Server) StartContainer(ctx context.Context, req *runtimeapi.StartContai
 		}
 		return nil, toStatus(fmt.Errorf("start VM %s: %w", c.VM.Name, err))
 	}
+	// Unknown (0) if the hypervisor already exited: the watcher records that.
+	pidStart, _ := vmstats.StartTicks(procRoot, vm.PID)
 	if _, err := s.store.Containers.Modify(c.ID, func(r *store.Container) error {
 		r.State, r.StartedAt = store.ContainerRunning, s.now()
 		r.VM.ID, r.VM.PID, r.VM.NetNS, r.VM.APISocket = vm.ID, vm.PID, vmNetNS(vm), vm.SocketPath
+		r.VM.PIDStart, r.VM.COWPath = pidStart, vmCOWPath(vm)
+		r.VM.Cgroup, r.VM.CgroupCreated = cgroup, cgroupCreated
 		return nil
 	}); err != nil {
 		return nil, toStatus(fmt.Errorf("record container running: %w", err))
@@ -120,6 +132,16 @@ func (s *Server) makeVM(ctx context.Context, cc *cocoon.Client, c *store.Contain
 		return nil, err
 	}
 	return cc.VMInspect(ctx, created.ID)
+}
+
+// vmCOWPath is the VM's writable disk as cocoon reports it.
+func vmCOWPath(vm *cocoon.VM) string {
+	for _, sc := range vm.StorageConfigs {
+		if sc != nil && sc.Role == cocoon.StorageRoleCOW {
+			return sc.Path
+		}
+	}
+	return ""
 }
 
 // vmNetNS is the namespace cocoon made for the VM's NIC.

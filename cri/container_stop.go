@@ -103,5 +103,6 @@ func (s *Server) recordExit(c *store.Container, st exitStatus) error {
 	}
 	s.emit(runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT, exited)
 	s.stopIO(c.ID)
+	s.releaseCgroup(exited)
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/cocoonstack/cocoon-cri/pkg/cgroups"
 	"github.com/cocoonstack/cocoon-cri/pkg/faultpoint"
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
 )
@@ -126,6 +127,9 @@ func (s *Server) validateSandboxConfig(cfg *runtimeapi.PodSandboxConfig, handler
 			return invalid("%s is not supported by runtime handler %q: a cocoon VM has its own kernel, so it cannot share the node's namespaces; drop %s or run this pod with a container runtime class",
 				host.field, handler, host.field)
 		}
+	}
+	if err := cgroups.CheckParent(cfg.GetLinux().GetCgroupParent()); err != nil {
+		return invalid("%v", err)
 	}
 	return nil
 }

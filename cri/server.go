@@ -21,6 +21,7 @@ import (
 	"github.com/cocoonstack/cocoon-cri/pkg/keylock"
 	"github.com/cocoonstack/cocoon-cri/pkg/refresh"
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
+	"github.com/cocoonstack/cocoon-cri/pkg/vmstats"
 	"github.com/cocoonstack/cocoon-cri/streaming"
 	"github.com/cocoonstack/cocoon-cri/tapmanager"
 )
@@ -66,8 +67,13 @@ type Config struct {
 
 // Observer is told what the runtime finds outside any RPC: VMs with cocoon-cri's names that no
 // record claims, and restarts of the VM event stream. pkg/metrics implements it.
+// Config.Metrics may be nil, so callers check. Implementations must be safe for concurrent use and
+// must not block.
 type Observer interface {
+	// Orphans is called by each startup reconcile that could list cocoon's VMs, with the number of
+	// orphan VMs it left on the node (after the orphan policy acted), 0 included.
 	Orphans(n int)
+	// WatcherRestarted is called each time the VM event stream ended and is started again.
 	WatcherRestarted()
 }
 
@@ -93,6 +99,8 @@ type Server struct {
 	netReady *refresh.Value[struct{}]
 	streams  *streaming.Server
 	events   eventHub
+	cgroups  cgroupHost
+	cpuRate  vmstats.CPURate // previous CPU samples, by container ID
 
 	iosMu   sync.Mutex
 	ios     map[string]*containerIO // running containers' streams, by container ID

@@ -10,7 +10,6 @@ import (
 // docs/cri-support.md lists them.
 
 const (
-	insteadStats    = "VM statistics are not collected yet"
 	insteadResize   = "a running VM cannot be resized; recreate the pod with the new resources"
 	insteadCheckpnt = "checkpointing a VM through the CRI is not supported; take a cocoon snapshot on the node (cocoon snapshot save)"
 	insteadMetrics  = "CRI pod metrics are not provided; leave the PodAndContainerStatsFromCRI feature gate off"
@@ -24,36 +23,6 @@ func (s *Server) UpdateContainerResources(context.Context, *runtimeapi.UpdateCon
 // UpdatePodSandboxResources is not served.
 func (s *Server) UpdatePodSandboxResources(context.Context, *runtimeapi.UpdatePodSandboxResourcesRequest) (*runtimeapi.UpdatePodSandboxResourcesResponse, error) {
 	return nil, unimplemented("UpdatePodSandboxResources", insteadResize)
-}
-
-// ContainerStats is not served.
-func (s *Server) ContainerStats(context.Context, *runtimeapi.ContainerStatsRequest) (*runtimeapi.ContainerStatsResponse, error) {
-	return nil, unimplemented("ContainerStats", insteadStats)
-}
-
-// ListContainerStats is not served.
-func (s *Server) ListContainerStats(context.Context, *runtimeapi.ListContainerStatsRequest) (*runtimeapi.ListContainerStatsResponse, error) {
-	return nil, unimplemented("ListContainerStats", insteadStats)
-}
-
-// StreamContainerStats is not served.
-func (s *Server) StreamContainerStats(*runtimeapi.StreamContainerStatsRequest, runtimeapi.RuntimeService_StreamContainerStatsServer) error {
-	return unimplemented("StreamContainerStats", insteadStats)
-}
-
-// PodSandboxStats is not served.
-func (s *Server) PodSandboxStats(context.Context, *runtimeapi.PodSandboxStatsRequest) (*runtimeapi.PodSandboxStatsResponse, error) {
-	return nil, unimplemented("PodSandboxStats", insteadStats)
-}
-
-// ListPodSandboxStats is not served.
-func (s *Server) ListPodSandboxStats(context.Context, *runtimeapi.ListPodSandboxStatsRequest) (*runtimeapi.ListPodSandboxStatsResponse, error) {
-	return nil, unimplemented("ListPodSandboxStats", insteadStats)
-}
-
-// StreamPodSandboxStats is not served.
-func (s *Server) StreamPodSandboxStats(*runtimeapi.StreamPodSandboxStatsRequest, runtimeapi.RuntimeService_StreamPodSandboxStatsServer) error {
-	return unimplemented("StreamPodSandboxStats", insteadStats)
 }
 
 // CheckpointContainer is not served.

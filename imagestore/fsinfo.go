@@ -34,6 +34,10 @@ func (s *Service) FsUsage(ctx context.Context) (images, containers Usage, at tim
 	return r.Value.Images, r.Value.Containers, r.At, r.Err
 }
 
+// ContainersDir is cocoon's run dir, where the VMs' writable disks are: the filesystem
+// ImageFsInfo reports for containers, and so the one their writable layers are on.
+func (s *Service) ContainersDir() string { return s.dirs.Run }
+
 func (s *Service) measure(ctx context.Context) (fsUsage, error) {
 	images, err := diskUsage(ctx, s.dirs.Root, s.dirs.Run)
 	if err != nil {

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/store"
 )
 
 // PullProgress is how far a pull is, as the OnProgress hook is told it.
@@ -37,6 +39,10 @@ type pullProgress struct {
 	stall       error
 	lastReport  time.Time
 	reportBytes int64
+
+	// What the pull found, for its PullResult; only the pull's own goroutine touches them.
+	kind    store.ImageKind
+	present bool
 }
 
 func (s *Service) newPullProgress(ref string) *pullProgress {

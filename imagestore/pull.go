@@ -46,12 +46,15 @@ func (s *Service) pull(ctx context.Context, ref string, remoteRef name.Reference
 		if stall := progress.stallError(); stall != nil {
 			err = stall
 		}
+		s.pulled(progress, time.Since(start), err)
 		s.log.Warn("image pull failed", "ref", ref, "err", err)
 		return nil, err
 	}
+	took := time.Since(start)
+	s.pulled(progress, took, nil)
 	progress.report(time.Now(), true)
 	s.log.Info("image pulled", "ref", ref, "image", img.ID, "kind", img.Kind, "artifact", img.LocalName,
-		"bytes", progress.bytes.Load(), "took", time.Since(start))
+		"bytes", progress.bytes.Load(), "took", took)
 	// A tag that moved may have left another image with no reference: delete it unless needed.
 	if err := s.Sweep(ctx); err != nil {
 		s.log.Warn("deleting unused artifacts failed; the next removal retries", "err", err)
@@ -75,10 +78,13 @@ func (s *Service) pullArtifact(ctx context.Context, ref string, remoteRef name.R
 		refs = append(refs, digestRef)
 	}
 
+	progress.kind = art.kind
+
 	unlock := s.digestLocks.Lock(art.id)
 	defer unlock()
 	// The artifact of a known digest is in cocoon already (maybe of a removed image): tag it.
 	if img, err := s.store.Images.Get(art.id); err == nil {
+		progress.present = true
 		return s.commit(img, refs...)
 	}
 	var img *store.Image
@@ -94,4 +100,13 @@ func (s *Service) pullArtifact(ctx context.Context, ref string, remoteRef name.R
 		return nil, fmt.Errorf("pull %s (%s %s): %w", ref, art.kind, art.id, err)
 	}
 	return s.commit(img, refs...)
+}
+
+// pulled tells the OnPulled hook how a pull ended.
+func (s *Service) pulled(progress *pullProgress, took time.Duration, err error) {
+	if s.pullOpts.OnPulled == nil {
+		return
+	}
+	s.pullOpts.OnPulled(PullResult{Ref: progress.ref, Kind: progress.kind, Present: progress.present,
+		Bytes: progress.bytes.Load(), Took: took, Err: err})
 }

@@ -310,3 +310,59 @@ func (n *testNode) flightKey(ref string) string {
 	}
 	return pullKey(normalized, Credentials{})
 }
+
+// OnPulled hears once about every pull that ended: what it was, whether it downloaded anything,
+// and how it failed.
+func TestPullTellsHowItEnded(t *testing.T) {
+	reg := newTestRegistry(t, "", "")
+	var results []PullResult
+	var mu sync.Mutex
+	n := newTestNode(t, PullOptions{OnPulled: func(r PullResult) {
+		mu.Lock()
+		defer mu.Unlock()
+		results = append(results, r)
+	}})
+	last := func() PullResult {
+		t.Helper()
+		mu.Lock()
+		defer mu.Unlock()
+		if len(results) == 0 {
+			t.Fatal("no pull reported")
+		}
+		r := results[len(results)-1]
+		results = nil
+		return r
+	}
+	ctx := context.Background()
+	pushed := reg.pushSnapshot(t, "team/snap:v1", registry.SnapshotPush{})
+	if _, err := n.svc.Pull(ctx, reg.ref("team/snap:v1"), Credentials{}); err != nil {
+		t.Fatal(err)
+	}
+	if r := last(); r.Err != nil || r.Kind != store.ImageSnapshot || r.Present || r.Bytes == 0 || r.Ref != reg.ref("team/snap:v1") {
+		t.Fatalf("a snapshot download: %+v", r)
+	}
+
+	if _, err := n.svc.Pull(ctx, reg.ref("team/snap@"+pushed.Digest), Credentials{}); err != nil {
+		t.Fatal(err)
+	}
+	if r := last(); r.Err != nil || r.Kind != store.ImageSnapshot || !r.Present {
+		t.Fatalf("a pull of a digest on the node: %+v", r)
+	}
+
+	if _, err := n.svc.Pull(ctx, reg.ref("team/snap:v9"), Credentials{}); err == nil {
+		t.Fatal("a missing tag was pulled")
+	}
+	if r := last(); !errors.Is(r.Err, ErrNotFound) || r.Kind != "" {
+		t.Fatalf("a pull of a missing tag: %+v", r)
+	}
+
+	broken := reg.pushSnapshot(t, "team/broken:v1", registry.SnapshotPush{})
+	reg.proxy.Break(broken.Blobs["cow.raw"], registry.Fault{Kind: registry.Corrupt, After: 3})
+	defer reg.proxy.Heal()
+	if _, err := n.svc.Pull(ctx, reg.ref("team/broken:v1"), Credentials{}); err == nil {
+		t.Fatal("a corrupt blob was pulled")
+	}
+	if r := last(); !errors.Is(r.Err, ErrCorrupt) || r.Kind != store.ImageSnapshot || r.Present {
+		t.Fatalf("a pull that failed in the download: %+v", r)
+	}
+}

@@ -42,6 +42,22 @@ type PullOptions struct {
 	// OnProgress, when set, is told how pulls advance (every few seconds, and once at the end of a
 	// pull that succeeded), from the pulls' goroutines.
 	OnProgress func(PullProgress)
+	// OnPulled, when set, is told about every pull that ended, from the pull's goroutine: once per
+	// download, however many requests shared it.
+	OnPulled func(PullResult)
+}
+
+// PullResult is how a pull ended, as the OnPulled hook is told it.
+type PullResult struct {
+	Ref string
+	// Kind is the artifact's kind; empty when the pull failed before the manifest was classified.
+	Kind store.ImageKind
+	// Present: the digest was on the node already, so the pull only tagged it.
+	Present bool
+	// Bytes were downloaded from the registry (not those cocoon downloads itself for an OCI image).
+	Bytes int64
+	Took  time.Duration
+	Err   error
 }
 
 // Service manages images.

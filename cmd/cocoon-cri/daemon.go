@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"github.com/cocoonstack/cocoon-cri/cri"
 	"github.com/cocoonstack/cocoon-cri/imagestore"
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/pkg/metrics"
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
 	"github.com/cocoonstack/cocoon-cri/tapmanager"
 )
@@ -32,6 +34,24 @@ func runDaemon(parent context.Context, o *options) error {
 	}
 	defer st.Close()
 
+	// Collected always (the hooks cost next to nothing), served only with --metrics-addr. The
+	// address is bound before anything changes on the node, so a busy port fails the start early.
+	m := metrics.New(st, version)
+	metricsAddr := "off"
+	if o.metricsAddr != "" {
+		ep, err := m.Listen(o.metricsAddr, log.With("component", "metrics"))
+		if err != nil {
+			return err
+		}
+		defer stopMetrics(ep, log)
+		go func() {
+			if err := ep.Serve(); err != nil {
+				log.Error("the metrics server stopped", "err", err)
+			}
+		}()
+		metricsAddr = ep.Addr().String()
+	}
+
 	cc := cocoon.New(cocoon.Options{
 		Binary:  o.cocoonBinary,
 		RootDir: o.cocoonRootDir,
@@ -39,6 +59,7 @@ func runDaemon(parent context.Context, o *options) error {
 		LogDir:  o.cocoonLogDir,
 		Timeout: o.cocoonTimeout,
 		Logger:  log.With("component", "cocoon"),
+		Observe: m.CocoonCall,
 	})
 	images, err := imagestore.New(st, cc, log.With("component", "images"), imagestore.Dirs{
 		Root: orDefault(o.cocoonRootDir, cocoonDefaultRootDir),
@@ -47,6 +68,9 @@ func runDaemon(parent context.Context, o *options) error {
 		Insecure:        o.registryInsecure,
 		CAFile:          o.registryCAFile,
 		ProgressTimeout: o.pullProgressTimeout,
+		OnPulled: func(r imagestore.PullResult) {
+			m.ImagePulled(string(r.Kind), r.Took, r.Bytes, r.Present, r.Err)
+		},
 	})
 	if err != nil {
 		return err
@@ -71,6 +95,7 @@ func runDaemon(parent context.Context, o *options) error {
 		GuestSSH:            cri.GuestSSH{User: o.guestSSHUser, KeyFile: o.guestSSHKeyFile, Password: o.guestSSHPassword, Port: o.guestSSHPort},
 		GuestReadyTimeout:   o.guestReadyTimeout,
 		OrphanPolicy:        cri.OrphanPolicy(o.orphanPolicy),
+		Metrics:             m,
 	}, log, st, cc, nets, images)
 	defer server.Shutdown()
 	streams, err := server.ServeStreams(o.streamAddress)
@@ -96,14 +121,17 @@ func runDaemon(parent context.Context, o *options) error {
 	if err != nil {
 		return err
 	}
-	g := grpc.NewServer()
+	g := grpc.NewServer(
+		grpc.ChainUnaryInterceptor(m.UnaryServerInterceptor()),
+		grpc.ChainStreamInterceptor(m.StreamServerInterceptor()),
+	)
 	server.Register(g)
 	server.RegisterImport(g)
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- g.Serve(lis) }()
 	log.Info("cocoon-cri serving", "version", version, "socket", o.socket, "stateDir", o.stateDir, "cocoon", o.cocoonBinary,
-		"streams", streams.Addr(), "guestExec", execPath(ctx, cc, o))
+		"streams", streams.Addr(), "metrics", metricsAddr, "guestExec", execPath(ctx, cc, o))
 
 	select {
 	case err := <-serveErr:
@@ -124,6 +152,18 @@ func runDaemon(parent context.Context, o *options) error {
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// metricsShutdownTimeout bounds the wait for scrapes in progress when the daemon stops.
+const metricsShutdownTimeout = 5 * time.Second
+
+// stopMetrics stops the metrics server, last: a scrape during shutdown still gets an answer.
+func stopMetrics(ep *metrics.Endpoint, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), metricsShutdownTimeout)
+	defer cancel()
+	if err := ep.Shutdown(ctx); err != nil {
+		log.Warn("stopping the metrics server", "err", err)
+	}
 }
 
 // execPath names how commands reach guests, for the start-up log.

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"time"
 
@@ -45,6 +46,7 @@ type options struct {
 	registryInsecure    []string
 	registryCAFile      string
 	pullProgressTimeout time.Duration
+	metricsAddr         string
 }
 
 func defaultOptions() *options {
@@ -104,6 +106,8 @@ func (o *options) addFlags(cmd *cobra.Command) {
 	d.StringVar(&o.registryCAFile, "registry-ca-file", o.registryCAFile, "PEM file of CA certificates trusted for registries, besides the system's")
 	d.DurationVar(&o.pullProgressTimeout, "image-pull-progress-timeout", o.pullProgressTimeout,
 		"fail an image pull that receives nothing from its registry for this long (0: never)")
+	d.StringVar(&o.metricsAddr, "metrics-addr", o.metricsAddr,
+		"host:port to serve Prometheus metrics on at /metrics, e.g. 127.0.0.1:9809 (empty: not served; port 0: a free port)")
 	cmd.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
 		if err := config.Apply(cmd.Flags(), envPrefix, "config"); err != nil {
 			return err
@@ -136,6 +140,11 @@ func (o *options) validate() error {
 	}
 	if o.pullProgressTimeout < 0 {
 		return fmt.Errorf("--image-pull-progress-timeout must not be negative")
+	}
+	if o.metricsAddr != "" {
+		if _, _, err := net.SplitHostPort(o.metricsAddr); err != nil {
+			return fmt.Errorf("--metrics-addr %q: want host:port: %w", o.metricsAddr, err)
+		}
 	}
 	return nil
 }

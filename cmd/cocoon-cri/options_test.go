@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -25,5 +26,32 @@ func TestDeployConfigLoads(t *testing.T) {
 	}
 	if opts.logFormat != "json" || opts.guestReadyTimeout != 2*time.Minute || opts.streamAddress != "127.0.0.1:0" {
 		t.Fatalf("settings not taken from the file: %+v", opts)
+	}
+}
+
+// --metrics-addr is off by default, comes from the environment like every flag, and must be a
+// host:port, so a bare port is refused at start instead of failing to bind later.
+func TestMetricsAddr(t *testing.T) {
+	parse := func(args ...string) (*options, error) {
+		opts := defaultOptions()
+		cmd := &cobra.Command{Use: "cocoon-cri"}
+		opts.addFlags(cmd)
+		if err := cmd.ParseFlags(args); err != nil {
+			return opts, err
+		}
+		if err := config.Apply(cmd.Flags(), envPrefix, "config"); err != nil {
+			return opts, err
+		}
+		return opts, opts.validate()
+	}
+	if opts, err := parse(); err != nil || opts.metricsAddr != "" {
+		t.Fatalf("default: %q, %v; want off", opts.metricsAddr, err)
+	}
+	t.Setenv(config.EnvName(envPrefix, "metrics-addr"), "127.0.0.1:9809")
+	if opts, err := parse(); err != nil || opts.metricsAddr != "127.0.0.1:9809" {
+		t.Fatalf("from the environment: %q, %v", opts.metricsAddr, err)
+	}
+	if _, err := parse("--metrics-addr", "9809"); err == nil || !strings.Contains(err.Error(), "--metrics-addr") {
+		t.Fatalf("a bare port: %v, want refused", err)
 	}
 }

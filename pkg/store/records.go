@@ -164,6 +164,15 @@ type VM struct {
 	PID      int    `json:"pid,omitempty"`
 	// APISocket is the hypervisor's API socket (cocoon's socket_path): where its console is found.
 	APISocket string `json:"api_socket,omitempty"`
+	// PIDStart is when the hypervisor started (clock ticks since boot). With PID it names the
+	// process: statistics must not read a later process that reuses the PID.
+	PIDStart uint64 `json:"pid_start,omitempty"`
+	// COWPath is the VM's writable disk; its allocated bytes are the container's writable layer.
+	COWPath string `json:"cow_path,omitempty"`
+	// Cgroup is the cgroup the hypervisor was put in (<cgroup_parent>/<container ID>), and
+	// CgroupCreated the topmost cgroup cocoon-cri had to make for it: both go when the VM does.
+	Cgroup        string `json:"cgroup,omitempty"`
+	CgroupCreated string `json:"cgroup_created,omitempty"`
 	// SSHHostKey is the guest sshd's host key as first seen (authorized_keys format); a different
 	// key later is refused.
 	SSHHostKey string `json:"ssh_host_key,omitempty"`

@@ -130,6 +130,10 @@ func (v *vmm) handleResume(w http.ResponseWriter, _ *http.Request) {
 			return
 		}
 		v.os = guestOS
+		if err := v.startLoad(); err != nil {
+			apiError(w, "vm.resume: %v", err)
+			return
+		}
 		v.resumePending = false
 		v.console.Printf("%s cocoon-sim: resumed from snapshot", v.uptime())
 		v.printReady()

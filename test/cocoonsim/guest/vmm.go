@@ -45,6 +45,7 @@ type vmm struct {
 	console       *console
 	nics          map[string]*nic // open virtio-net devices by ID
 	os            guestOS         // nil while no guest runs
+	load          *guestLoad      // what the running guest costs the process; nil with none or a real kernel
 }
 
 // runVMM is the hypervisor process: it parses cloud-hypervisor arguments, boots the VM when they
@@ -131,8 +132,30 @@ func (v *vmm) boot(cfg *VMConfig) error {
 	v.cfg = cfg
 	v.state = stateRunning
 	v.os = guestOS
+	err = v.startLoad()
 	v.mu.Unlock()
+	if err != nil {
+		return err
+	}
 	v.startBehaviours()
+	return nil
+}
+
+// startLoad puts the simulated guest's memory and vCPU into this process (a real kernel runs in
+// QEMU, which is its own load). The caller holds v.mu.
+func (v *vmm) startLoad() error {
+	if _, isReal := v.os.(*qemuOS); isReal || v.load != nil {
+		return nil
+	}
+	load, err := startGuestLoad(v.cfg.Memory.Size, func() bool {
+		v.mu.Lock()
+		defer v.mu.Unlock()
+		return v.state == stateRunning
+	})
+	if err != nil {
+		return err
+	}
+	v.load = load
 	return nil
 }
 
@@ -143,6 +166,10 @@ func (v *vmm) stopGuest() {
 	if v.os != nil {
 		v.os.stop()
 		v.os = nil
+	}
+	if v.load != nil {
+		v.load.close()
+		v.load = nil
 	}
 	v.closeNICs()
 }

@@ -1,0 +1,119 @@
+package cri
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/cgroups"
+	"github.com/cocoonstack/cocoon-cri/pkg/store"
+	"github.com/cocoonstack/cocoon-cri/pkg/vmstats"
+)
+
+// How long a cgroup may stay busy with exiting processes: briefly where a VM just ended on its own,
+// longer where cocoon just removed it and RemoveContainer answers for what is left.
+const (
+	cgroupExitWait   = 2 * time.Second
+	cgroupRemoveWait = 10 * time.Second
+)
+
+// procRoot is where processes are read.
+const procRoot = "/proc"
+
+// cgroupHost finds the node's cgroup hierarchies once, when a pod first names a cgroup parent.
+type cgroupHost struct {
+	once sync.Once
+	host *cgroups.Host
+	err  error
+}
+
+func (h *cgroupHost) get() (*cgroups.Host, error) {
+	h.once.Do(func() { h.host, h.err = cgroups.Detect() })
+	return h.host, h.err
+}
+
+// vmCgroup is the cgroup a container's VM joins: <cgroup_parent>/<container ID>, the cgroup
+// containerd gives a container under the cgroupfs driver, so the kubelet's cAdvisor finds the
+// VM's usage under the container's ID and the pod cgroup above it holds the VM. Empty when the pod
+// names no parent: the VM stays where cocoon started it.
+func vmCgroup(sb *store.Sandbox, containerID string) (string, error) {
+	parent := sb.Config.Msg.GetLinux().GetCgroupParent()
+	if parent == "" {
+		return "", nil
+	}
+	return cgroups.Path(parent, containerID)
+}
+
+// placeVM moves the hypervisor, with its threads and any process it started, into the pod's
+// cgroup. It returns the cgroup and the topmost cgroup it had to make, also on failure (for the
+// caller's cleanup). A VM the kubelet cannot account for escapes the pod's limits and eviction,
+// so a pod that names a cgroup parent and cannot get its VM there fails to start.
+func (s *Server) placeVM(sb *store.Sandbox, c *store.Container, pid int) (cgroup, created string, err error) {
+	if cgroup, err = vmCgroup(sb, c.ID); err != nil || cgroup == "" {
+		return "", "", err
+	}
+	if pid <= 0 {
+		// Writing 0 to cgroup.procs would move cocoon-cri itself.
+		return "", "", fmt.Errorf("cocoon reported no hypervisor PID for VM %s, so it cannot be put into the pod's cgroup %s", c.VM.Name, cgroup)
+	}
+	host, err := s.cgroups.get()
+	if err != nil {
+		return "", "", fmt.Errorf("pod sandbox %s names cgroup parent %q, but cgroups are not usable: %w",
+			sb.ID, sb.Config.Msg.GetLinux().GetCgroupParent(), err)
+	}
+	pids, err := vmstats.Tree(procRoot, pid)
+	if err != nil {
+		return "", "", fmt.Errorf("find the hypervisor's processes: %w", err)
+	}
+	created, err = host.Place(cgroup, pids)
+	if err != nil {
+		return cgroup, created, fmt.Errorf("put the hypervisor (pid %d) into the pod's cgroup: %w", pid, err)
+	}
+	s.log.Debug("hypervisor placed in the pod's cgroup", "container", c.ID, "cgroup", cgroup, "pids", pids)
+	return cgroup, created, nil
+}
+
+// removeCgroup removes the cgroup a container's VM was in, once the VM is gone, waiting up to
+// wait for exiting processes to leave it. A container whose start recorded no cgroup (a crash cut
+// it short) may still have one: its name is deterministic.
+func (s *Server) removeCgroup(ctx context.Context, sb *store.Sandbox, c *store.Container, created string, wait time.Duration) error {
+	cgroup := c.VM.Cgroup
+	if cgroup == "" {
+		var err error
+		if cgroup, err = vmCgroup(sb, c.ID); err != nil || cgroup == "" {
+			return nil //nolint:nilerr // a parent the start refused made no cgroup
+		}
+	}
+	if created == "" {
+		created = c.VM.CgroupCreated
+	}
+	host, err := s.cgroups.get()
+	if err != nil {
+		return nil //nolint:nilerr // without cgroups no VM was placed
+	}
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	if err := host.Remove(ctx, cgroup, created); err != nil {
+		return fmt.Errorf("remove the cgroup of container %s: %w", c.ID, err)
+	}
+	return nil
+}
+
+// releaseCgroup removes an exited container's cgroup as soon as its VM is gone, so an ended VM
+// leaves no empty cgroup under the pod while the kubelet keeps the container for its logs.
+// RemoveContainer tries again, so a cgroup still busy is only logged here.
+func (s *Server) releaseCgroup(c *store.Container) {
+	if c.VM.Cgroup == "" {
+		return
+	}
+	host, err := s.cgroups.get()
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cgroupExitWait)
+	defer cancel()
+	if err := host.Remove(ctx, c.VM.Cgroup, c.VM.CgroupCreated); err != nil {
+		s.log.Warn("the cgroup of an exited VM is still in use; removing the container retries", "container", c.ID, "err", err)
+	}
+}

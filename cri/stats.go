@@ -1,0 +1,296 @@
+package cri
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"path/filepath"
+	"strings"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/pkg/store"
+	"github.com/cocoonstack/cocoon-cri/pkg/vmstats"
+	"github.com/cocoonstack/cocoon-cri/tapmanager"
+)
+
+// Statistics are read from the hypervisor process (its vCPU threads are the guest's CPU, its
+// resident memory the guest's memory plus the VMM's own), the pod interface's counters and the
+// VM's writable disk; never from cocoon, since the kubelet asks every few seconds. A container
+// whose VM does not run reports zero CPU and memory, with timestamps, as containerd does for a
+// container without a task; its writable disk is still reported while cocoon keeps it.
+
+// ContainerStats answers for one container.
+func (s *Server) ContainerStats(_ context.Context, req *runtimeapi.ContainerStatsRequest) (*runtimeapi.ContainerStatsResponse, error) {
+	if req.GetContainerId() == "" {
+		return nil, invalid("container ID is required")
+	}
+	id, err := s.store.Containers.Resolve(req.GetContainerId())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	c, err := s.store.Containers.Get(id)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &runtimeapi.ContainerStatsResponse{Stats: s.sampleContainer(c, s.now()).stats}, nil
+}
+
+// ListContainerStats answers for every container the filter selects. ID filters accept prefixes.
+func (s *Server) ListContainerStats(_ context.Context, req *runtimeapi.ListContainerStatsRequest) (*runtimeapi.ListContainerStatsResponse, error) {
+	return &runtimeapi.ListContainerStatsResponse{Stats: s.listContainerStats(req.GetFilter())}, nil
+}
+
+// StreamContainerStats sends the same list as ListContainerStats, in one message.
+func (s *Server) StreamContainerStats(req *runtimeapi.StreamContainerStatsRequest, stream runtimeapi.RuntimeService_StreamContainerStatsServer) error {
+	return stream.Send(&runtimeapi.StreamContainerStatsResponse{ContainerStats: s.listContainerStats(req.GetFilter())})
+}
+
+func (s *Server) listContainerStats(f *runtimeapi.ContainerStatsFilter) []*runtimeapi.ContainerStats {
+	records := s.store.Containers.List(func(c *store.Container) bool {
+		if f.GetId() != "" && !strings.HasPrefix(c.ID, f.GetId()) {
+			return false
+		}
+		if f.GetPodSandboxId() != "" && !strings.HasPrefix(c.SandboxID, f.GetPodSandboxId()) {
+			return false
+		}
+		return matchLabels(c.Config.Msg.GetLabels(), f.GetLabelSelector())
+	})
+	now := s.now()
+	out := make([]*runtimeapi.ContainerStats, 0, len(records))
+	for _, c := range records {
+		out = append(out, s.sampleContainer(c, now).stats)
+	}
+	s.forgetRemovedContainers()
+	return out
+}
+
+// PodSandboxStats answers for one sandbox.
+func (s *Server) PodSandboxStats(_ context.Context, req *runtimeapi.PodSandboxStatsRequest) (*runtimeapi.PodSandboxStatsResponse, error) {
+	sb, err := s.visibleSandbox(req.GetPodSandboxId())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &runtimeapi.PodSandboxStatsResponse{Stats: s.sandboxStats(sb)}, nil
+}
+
+// ListPodSandboxStats answers for the ready sandboxes the filter selects (containerd leaves out
+// the others too: a stopped pod uses nothing). The ID filter accepts a prefix.
+func (s *Server) ListPodSandboxStats(_ context.Context, req *runtimeapi.ListPodSandboxStatsRequest) (*runtimeapi.ListPodSandboxStatsResponse, error) {
+	return &runtimeapi.ListPodSandboxStatsResponse{Stats: s.listSandboxStats(req.GetFilter())}, nil
+}
+
+// StreamPodSandboxStats sends the same list as ListPodSandboxStats, in one message.
+func (s *Server) StreamPodSandboxStats(req *runtimeapi.StreamPodSandboxStatsRequest, stream runtimeapi.RuntimeService_StreamPodSandboxStatsServer) error {
+	return stream.Send(&runtimeapi.StreamPodSandboxStatsResponse{PodSandboxStats: s.listSandboxStats(req.GetFilter())})
+}
+
+func (s *Server) listSandboxStats(f *runtimeapi.PodSandboxStatsFilter) []*runtimeapi.PodSandboxStats {
+	records := s.store.Sandboxes.List(func(sb *store.Sandbox) bool {
+		if sb.State != store.SandboxReady {
+			return false
+		}
+		if f.GetId() != "" && !strings.HasPrefix(sb.ID, f.GetId()) {
+			return false
+		}
+		return matchLabels(sb.Config.Msg.GetLabels(), f.GetLabelSelector())
+	})
+	out := make([]*runtimeapi.PodSandboxStats, 0, len(records))
+	for _, sb := range records {
+		out = append(out, s.sandboxStats(sb))
+	}
+	s.forgetRemovedContainers()
+	return out
+}
+
+// sandboxStats adds up the sandbox's containers (at most one VM runs) and reads the pod
+// interface. Cumulative CPU is the running VM's: a restarted container's VM starts from zero, as
+// a restarted container's cgroup does.
+func (s *Server) sandboxStats(sb *store.Sandbox) *runtimeapi.PodSandboxStats {
+	now := s.now()
+	cfg := sb.Config.Msg
+	linux := &runtimeapi.LinuxPodSandboxStats{
+		Cpu:     &runtimeapi.CpuUsage{Timestamp: now, UsageCoreNanoSeconds: u64(0), UsageNanoCores: u64(0)},
+		Memory:  zeroMemory(now),
+		Process: &runtimeapi.ProcessUsage{Timestamp: now, ProcessCount: u64(0)},
+	}
+	runningPID := 0
+	for _, c := range s.sandboxContainers(sb.ID) {
+		smp := s.sampleContainer(c, now)
+		linux.Containers = append(linux.Containers, smp.stats)
+		if smp.proc == nil {
+			continue
+		}
+		runningPID = c.VM.PID
+		addValue(&linux.Cpu.UsageCoreNanoSeconds, smp.stats.Cpu.GetUsageCoreNanoSeconds().GetValue())
+		addValue(&linux.Cpu.UsageNanoCores, smp.stats.Cpu.GetUsageNanoCores().GetValue())
+		m := smp.stats.Memory
+		addValue(&linux.Memory.WorkingSetBytes, m.GetWorkingSetBytes().GetValue())
+		addValue(&linux.Memory.UsageBytes, m.GetUsageBytes().GetValue())
+		addValue(&linux.Memory.RssBytes, m.GetRssBytes().GetValue())
+		addValue(&linux.Memory.PageFaults, m.GetPageFaults().GetValue())
+		addValue(&linux.Memory.MajorPageFaults, m.GetMajorPageFaults().GetValue())
+		// On the host a VM is one process, its hypervisor (the guest's processes are inside it).
+		addValue(&linux.Process.ProcessCount, 1)
+	}
+	linux.Network = s.podNetwork(sb, runningPID, now)
+	return &runtimeapi.PodSandboxStats{
+		Attributes: &runtimeapi.PodSandboxAttributes{
+			Id: sb.ID, Metadata: cfg.GetMetadata(), Labels: cfg.GetLabels(), Annotations: cfg.GetAnnotations(),
+		},
+		Linux: linux,
+	}
+}
+
+// containerSample is a container's stats and the hypervisor sample behind them (nil when no VM
+// runs).
+type containerSample struct {
+	stats *runtimeapi.ContainerStats
+	proc  *vmstats.Process
+}
+
+func (s *Server) sampleContainer(c *store.Container, now int64) containerSample {
+	cfg := c.Config.Msg
+	st := &runtimeapi.ContainerStats{
+		Attributes: &runtimeapi.ContainerAttributes{
+			Id: c.ID, Metadata: cfg.GetMetadata(), Labels: cfg.GetLabels(), Annotations: cfg.GetAnnotations(),
+		},
+		Cpu:           &runtimeapi.CpuUsage{Timestamp: now, UsageCoreNanoSeconds: u64(0), UsageNanoCores: u64(0)},
+		Memory:        zeroMemory(now),
+		Swap:          &runtimeapi.SwapUsage{Timestamp: now, SwapUsageBytes: u64(0)},
+		WritableLayer: s.writableLayer(c, now),
+	}
+	proc := s.hypervisor(c)
+	if proc == nil {
+		return containerSample{stats: st}
+	}
+	st.Cpu.UsageCoreNanoSeconds = u64(proc.CPUNanos)
+	if rate, ok := s.cpuRate.Observe(c.ID, proc.StartTicks, now, proc.CPUNanos, c.StartedAt); ok {
+		st.Cpu.UsageNanoCores = u64(rate)
+	}
+	// Nothing a hypervisor holds is cache the kernel could take back the way a container's
+	// inactive file pages are: all of its resident memory is working set. The guest's RAM is
+	// anonymous memory, or shared memory when a vhost-user device needs it; both are its RSS.
+	st.Memory.WorkingSetBytes = u64(proc.RSS)
+	st.Memory.UsageBytes = u64(proc.RSS)
+	st.Memory.RssBytes = u64(proc.RSSAnon + proc.RSSShmem)
+	st.Memory.PageFaults = u64(proc.MinorFaults)
+	st.Memory.MajorPageFaults = u64(proc.MajorFaults)
+	st.Swap.SwapUsageBytes = u64(proc.Swap)
+	return containerSample{stats: st, proc: proc}
+}
+
+// hypervisor samples a running container's hypervisor; nil when the container does not run, or
+// its process is gone (the VM watcher records that) or is another process that reused the PID.
+func (s *Server) hypervisor(c *store.Container) *vmstats.Process {
+	if c.State != store.ContainerRunning || c.VM.PID <= 0 {
+		return nil
+	}
+	proc, err := vmstats.ReadProcess(procRoot, c.VM.PID)
+	switch {
+	case errors.Is(err, vmstats.ErrGone):
+		s.log.Debug("the hypervisor of a running container is gone; its stats are zero", "container", c.ID, "pid", c.VM.PID)
+		return nil
+	case err != nil:
+		s.log.Warn("reading the hypervisor's usage failed", "container", c.ID, "pid", c.VM.PID, "err", err)
+		return nil
+	case c.VM.PIDStart != 0 && proc.StartTicks != c.VM.PIDStart:
+		s.log.Debug("the hypervisor's PID belongs to another process now; its stats are zero", "container", c.ID, "pid", c.VM.PID)
+		return nil
+	}
+	return proc
+}
+
+// writableLayer is the VM's writable disk: the blocks it has allocated, on the filesystem of
+// cocoon's run dir (the container filesystem ImageFsInfo reports). It is there from the VM's
+// creation to its removal, so stopped containers count too.
+func (s *Server) writableLayer(c *store.Container, now int64) *runtimeapi.FilesystemUsage {
+	var used, inodes uint64
+	if path := s.cowPath(c); path != "" {
+		b, err := vmstats.AllocatedBytes(path)
+		switch {
+		case err == nil:
+			used, inodes = b, 1
+		case !errors.Is(err, fs.ErrNotExist):
+			s.log.Warn("reading the VM's writable disk failed", "container", c.ID, "path", path, "err", err)
+		}
+	}
+	return &runtimeapi.FilesystemUsage{
+		Timestamp:  now,
+		FsId:       &runtimeapi.FilesystemIdentifier{Mountpoint: s.images.ContainersDir()},
+		UsedBytes:  u64(used),
+		InodesUsed: u64(inodes),
+	}
+}
+
+// cowPath is the VM's writable disk: as cocoon reported it at start, or, for a VM started before
+// it was recorded, where cocoon keeps it (<run>/<backend>/<VM ID>/, cocoon-contract section 2).
+func (s *Server) cowPath(c *store.Container) string {
+	if c.VM.COWPath != "" || c.VM.ID == "" {
+		return c.VM.COWPath
+	}
+	backend := "cloudhypervisor"
+	if c.VM.Backend == cocoon.HypervisorFirecracker {
+		backend = "firecracker"
+	}
+	dir := filepath.Join(s.images.ContainersDir(), backend, c.VM.ID)
+	for _, name := range []string{"cow.raw", "overlay.qcow2"} {
+		if _, err := vmstats.AllocatedBytes(filepath.Join(dir, name)); err == nil {
+			return filepath.Join(dir, name)
+		}
+	}
+	return ""
+}
+
+// podNetwork reads the pod interface: in the namespace of the running VM's hypervisor, which
+// holds it, or in the pod's namespace while no VM does. Nil when neither has it (the sandbox was
+// detached from the network).
+func (s *Server) podNetwork(sb *store.Sandbox, hypervisorPID int, now int64) *runtimeapi.NetworkUsage {
+	var iface vmstats.Interface
+	found := false
+	if hypervisorPID > 0 {
+		ifaces, err := vmstats.ReadNetDev(procRoot, hypervisorPID)
+		if err == nil {
+			iface, found = vmstats.FindInterface(ifaces, tapmanager.PodIfName)
+		}
+	}
+	if !found && sb.NetNS != "" && sb.Network != nil && sb.Network.Result != nil {
+		var err error
+		if iface, err = tapmanager.PodInterfaceCounters(sb.NetNS); err != nil {
+			s.log.Debug("no pod interface counters", "sandbox", sb.ID, "err", err)
+			return nil
+		}
+		found = true
+	}
+	if !found {
+		return nil
+	}
+	return &runtimeapi.NetworkUsage{
+		Timestamp: now,
+		DefaultInterface: &runtimeapi.NetworkInterfaceUsage{
+			Name:    iface.Name,
+			RxBytes: u64(iface.RxBytes), RxErrors: u64(iface.RxErrors),
+			TxBytes: u64(iface.TxBytes), TxErrors: u64(iface.TxErrors),
+		},
+	}
+}
+
+// forgetRemovedContainers drops the CPU samples of containers that no longer exist.
+func (s *Server) forgetRemovedContainers() {
+	s.cpuRate.Forget(func(id string) bool {
+		_, err := s.store.Containers.Get(id)
+		return err == nil
+	})
+}
+
+func zeroMemory(now int64) *runtimeapi.MemoryUsage {
+	return &runtimeapi.MemoryUsage{
+		Timestamp: now, WorkingSetBytes: u64(0), UsageBytes: u64(0), RssBytes: u64(0),
+		PageFaults: u64(0), MajorPageFaults: u64(0),
+	}
+}
+
+func u64(v uint64) *runtimeapi.UInt64Value { return &runtimeapi.UInt64Value{Value: v} }
+
+func addValue(dst **runtimeapi.UInt64Value, v uint64) { *dst = u64((*dst).GetValue() + v) }

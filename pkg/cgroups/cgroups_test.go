@@ -1,0 +1,369 @@
+package cgroups
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// This machine's table: cgroup v1 hybrid.
+const hybridMountInfo = `31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+33 31 0:30 / /sys/fs/cgroup/cpuacct rw,relatime - cgroup cgroup rw,cpuacct
+34 31 0:31 / /sys/fs/cgroup/cpuset rw,relatime - cgroup cgroup rw,cpuset
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+36 31 0:33 / /sys/fs/cgroup/devices rw,relatime - cgroup cgroup rw,devices
+37 31 0:34 / /sys/fs/cgroup/freezer rw,relatime - cgroup cgroup rw,freezer
+38 31 0:35 / /sys/fs/cgroup/blkio rw,relatime - cgroup cgroup rw,blkio
+39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
+40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,xattr,release_agent=/lib/systemd/systemd-cgroups-agent,name=systemd
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+`
+
+func TestParseMountInfoHybrid(t *testing.T) {
+	h, err := ParseMountInfo([]byte(hybridMountInfo))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mounts []string
+	for _, hier := range h.Hierarchies {
+		if hier.Unified || hier.Root != "/" {
+			t.Errorf("hierarchy %+v", hier)
+		}
+		mounts = append(mounts, filepath.Base(hier.Mount)+"="+strings.Join(hier.Controllers, ","))
+	}
+	want := []string{"cpu=cpu", "cpuacct=cpuacct", "cpuset=cpuset", "memory=memory", "freezer=freezer", "blkio=blkio", "pids=pids", "systemd=name=systemd"}
+	if !slices.Equal(mounts, want) {
+		t.Fatalf("hierarchies %v, want %v (no devices, no hybrid unified mount)", mounts, want)
+	}
+}
+
+func TestParseMountInfoCombinedAndUnified(t *testing.T) {
+	// Distributions that co-mount cpu and cpuacct, and a bind mount of the same hierarchy.
+	combined := `30 25 0:26 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpuacct,cpu
+31 25 0:27 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory
+90 80 0:26 / /mnt/cpu\040copy rw - cgroup cgroup rw,cpu,cpuacct
+`
+	h, err := ParseMountInfo([]byte(combined))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h.Hierarchies) != 2 || !slices.Equal(h.Hierarchies[0].Controllers, []string{"cpu", "cpuacct"}) {
+		t.Fatalf("combined: %+v", h.Hierarchies)
+	}
+
+	// A v2 host inside a cgroup namespace that shows only part of the hierarchy.
+	v2 := "29 23 0:26 /kubepods /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
+	h, err = ParseMountInfo([]byte(v2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h.Hierarchies) != 1 || !h.Hierarchies[0].Unified {
+		t.Fatalf("v2: %+v", h.Hierarchies)
+	}
+	d, err := h.Hierarchies[0].dir("/kubepods/pod1/c1")
+	if err != nil || d != "/sys/fs/cgroup/pod1/c1" {
+		t.Fatalf("dir in a namespaced mount: %q, %v", d, err)
+	}
+	if _, err := h.Hierarchies[0].dir("/kubepodsX/c1"); err == nil {
+		t.Fatal("a cgroup outside the mounted subtree was accepted")
+	}
+
+	if _, err := ParseMountInfo([]byte("31 23 0:28 / /sys rw - sysfs sysfs rw\n")); err == nil {
+		t.Fatal("no cgroup mount, no error")
+	}
+	if got := unescape(`/mnt/a\040b\134c`); got != `/mnt/a b\c` {
+		t.Fatalf("unescape = %q", got)
+	}
+}
+
+func TestPath(t *testing.T) {
+	for _, c := range []struct{ parent, name, want string }{
+		{"/kubepods/burstable/pod123", "abc", "/kubepods/burstable/pod123/abc"},
+		{"kubepods/pod1/", "abc", "/kubepods/pod1/abc"},
+		{"/a/../../b", "abc", "/b/abc"},
+	} {
+		if got, err := Path(c.parent, c.name); err != nil || got != c.want {
+			t.Errorf("Path(%q, %q) = %q, %v, want %q", c.parent, c.name, got, err, c.want)
+		}
+	}
+	for _, c := range []struct{ parent, name string }{
+		{"kubepods-burstable.slice:cri-containerd:abc", "abc"},
+		{"/kubepods", "a/b"},
+		{"/kubepods", ".."},
+		{"/kubepods", ""},
+	} {
+		if _, err := Path(c.parent, c.name); err == nil {
+			t.Errorf("Path(%q, %q) succeeded", c.parent, c.name)
+		}
+	}
+}
+
+// realHost is this machine's cgroups, or a skip where the test cannot write them.
+func realHost(t *testing.T) *Host {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to write cgroups")
+	}
+	h, err := Detect()
+	if err != nil {
+		t.Skipf("no cgroups: %v", err)
+	}
+	return h
+}
+
+// testParent is a cgroup name no one else uses; the test removes it from every hierarchy even if
+// it fails.
+func testParent(t *testing.T, h *Host) string {
+	t.Helper()
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	parent := "/cocoon-cri-test-" + hex.EncodeToString(b)
+	t.Cleanup(func() {
+		for _, hier := range h.Hierarchies {
+			d, err := hier.dir(parent)
+			if err != nil {
+				continue
+			}
+			// Deepest first; what is left busy is reported.
+			var dirs []string
+			_ = filepath.WalkDir(d, func(p string, e os.DirEntry, err error) error {
+				if err == nil && e.IsDir() {
+					dirs = append(dirs, p)
+				}
+				return nil
+			})
+			slices.Reverse(dirs)
+			for _, dir := range dirs {
+				if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+					t.Errorf("clean up %s: %v", dir, err)
+				}
+			}
+		}
+	})
+	return parent
+}
+
+// startTree starts a shell with a child: a hypervisor with a process of its own.
+func startTree(t *testing.T) (*exec.Cmd, []int) {
+	t.Helper()
+	cmd := exec.Command("sh", "-c", "sleep 600 & echo $!; wait")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	stop := func() {
+		if !stopped {
+			stopped = true
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	}
+	t.Cleanup(stop)
+	var childPID int
+	buf := make([]byte, 32)
+	n, err := out.Read(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if childPID, err = strconv.Atoi(strings.TrimSpace(string(buf[:n]))); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if p, err := os.FindProcess(childPID); err == nil {
+			_ = p.Kill()
+		}
+	})
+	return cmd, []int{cmd.Process.Pid, childPID}
+}
+
+// inCgroup reports whether /proc/<pid>/cgroup puts pid in cgroup for the given controller ("" for
+// the unified hierarchy).
+func inCgroup(t *testing.T, pid int, controller, cgroup string) bool {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cgroup"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) == 3 && (slices.Contains(strings.Split(parts[1], ","), controller) || controller == "" && parts[0] == "0") {
+			return parts[2] == cgroup
+		}
+	}
+	return false
+}
+
+// TestPlaceAndRemoveOnThisHost moves a real process tree into a cgroup under a parent that does
+// not exist yet, checks the kernel sees it there in the memory, cpu and cpuset hierarchies, and
+// checks that nothing is left after removal.
+func TestPlaceAndRemoveOnThisHost(t *testing.T) {
+	h := realHost(t)
+	parent := testParent(t, h)
+	cgroup, err := Path(parent+"/pod", "ctr1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd, pids := startTree(t)
+
+	created, err := h.Place(cgroup, pids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if created != parent {
+		t.Fatalf("Place made %q on top, want %q (the parent did not exist)", created, parent)
+	}
+	procs, err := h.Procs(cgroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, hier := range h.Hierarchies {
+		got := procs[hier.Mount]
+		slices.Sort(got)
+		want := slices.Sorted(slices.Values(pids))
+		if !slices.Equal(got, want) {
+			t.Errorf("%s holds %v, want %v", hier, got, want)
+		}
+	}
+	controllers := []string{"memory", "cpu", "cpuacct", "cpuset", "pids"}
+	if h.Hierarchies[0].Unified {
+		controllers = []string{""}
+	}
+	for _, controller := range controllers {
+		if !h.uses(controller) {
+			continue
+		}
+		for _, pid := range pids {
+			if !inCgroup(t, pid, controller, cgroup) {
+				t.Errorf("/proc/%d/cgroup does not put it in %s for %s", pid, cgroup, controller)
+			}
+		}
+	}
+
+	// Busy while the processes live.
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := h.Remove(cancelled, cgroup, created); err == nil || !strings.Contains(err.Error(), "busy") {
+		t.Fatalf("Remove of a cgroup with processes: %v", err)
+	}
+
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	if p, err := os.FindProcess(pids[1]); err == nil {
+		_ = p.Kill()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := h.Remove(ctx, cgroup, created); err != nil {
+		t.Fatal(err)
+	}
+	for _, hier := range h.Hierarchies {
+		d, _ := hier.dir(parent)
+		if _, err := os.Stat(d); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s is left after Remove: %v", d, err)
+		}
+	}
+	// Removing again is fine.
+	if err := h.Remove(ctx, cgroup, created); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRemoveKeepsAParentItDidNotMake: a pod cgroup the kubelet made stays, and so does a parent
+// another VM still uses.
+func TestRemoveKeepsAParentItDidNotMake(t *testing.T) {
+	h := realHost(t)
+	parent := testParent(t, h)
+	for _, hier := range h.Hierarchies {
+		d, _ := hier.dir(parent)
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := hier.initDir(parent); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, _ := Path(parent, "a")
+	createdA, err := h.Place(a, nil)
+	if err != nil || createdA != a {
+		t.Fatalf("Place under an existing parent: created %q, %v; want the leaf only", createdA, err)
+	}
+	// b's parent dir is new, shared with c.
+	b, _ := Path(parent+"/shared", "b")
+	c, _ := Path(parent+"/shared", "c")
+	createdB, err := h.Place(b, nil)
+	if err != nil || createdB != parent+"/shared" {
+		t.Fatalf("Place b: %q, %v", createdB, err)
+	}
+	createdC, err := h.Place(c, nil)
+	if err != nil || createdC != c {
+		t.Fatalf("Place c: %q, %v", createdC, err)
+	}
+	ctx := context.Background()
+	for _, r := range []struct{ cgroup, created string }{{a, createdA}, {b, createdB}} {
+		if err := h.Remove(ctx, r.cgroup, r.created); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, hier := range h.Hierarchies {
+		for cg, exists := range map[string]bool{parent: true, parent + "/shared": true, c: true, a: false, b: false} {
+			d, _ := hier.dir(cg)
+			if _, err := os.Stat(d); (err == nil) != exists {
+				t.Errorf("%s: exists=%v, want %v", d, err == nil, exists)
+			}
+		}
+	}
+}
+
+// TestPlaceUnderAParentSomeHierarchiesHave: an ancestor that existed in one hierarchy is not
+// removed from any, even where Place made it.
+func TestPlaceUnderAParentSomeHierarchiesHave(t *testing.T) {
+	h := realHost(t)
+	if len(h.Hierarchies) < 2 {
+		t.Skip("needs two hierarchies")
+	}
+	parent := testParent(t, h)
+	first := h.Hierarchies[0]
+	d, _ := first.dir(parent)
+	if err := os.Mkdir(d, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.initDir(parent); err != nil {
+		t.Fatal(err)
+	}
+	leaf, _ := Path(parent, "x")
+	created, err := h.Place(leaf, nil)
+	if err != nil || created != leaf {
+		t.Fatalf("Place: created %q, %v; want only the leaf to be cocoon-cri's", created, err)
+	}
+	if err := h.Remove(context.Background(), leaf, created); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(d); err != nil {
+		t.Fatalf("the parent that existed in %s went: %v", first, err)
+	}
+}
+
+func TestPlaceRefusesTheRoot(t *testing.T) {
+	h := &Host{Hierarchies: []Hierarchy{{Mount: t.TempDir(), Root: "/", Controllers: []string{"memory"}}}}
+	if _, err := h.Place("/", []int{1}); err == nil {
+		t.Fatal("placed processes in the root cgroup")
+	}
+}
+
+func (h *Host) uses(controller string) bool {
+	return slices.ContainsFunc(h.Hierarchies, func(hier Hierarchy) bool { return hier.has(controller) || (hier.Unified && controller == "") })
+}

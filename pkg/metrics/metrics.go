@@ -1,0 +1,152 @@
+// Package metrics owns cocoon-cri's Prometheus metrics: a registry of its own (so nothing a library
+// registers globally leaks into the exposition), the hooks the rest of the daemon calls, and the
+// HTTP endpoint that serves them. The packages that produce the numbers (pkg/cocoon, imagestore,
+// cri) know nothing of Prometheus: they take plain callbacks or a small interface, which the daemon
+// points here. docs/design.md ("Metrics") lists every series.
+package metrics
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/store"
+)
+
+// namespace prefixes every cocoon-cri series.
+const namespace = "cocoon_cri"
+
+// Image pull results, the values of the result label.
+const (
+	// PullSucceeded: the artifact was downloaded and imported into cocoon.
+	PullSucceeded = "success"
+	// PullPresent: the digest was on the node already and was only tagged; such a pull moves
+	// almost no bytes and would drag the duration of real downloads down if counted with them.
+	PullPresent = "present"
+	// PullFailed: the pull failed (registry, stall, import), or was cancelled.
+	PullFailed = "failure"
+)
+
+// unknownKind labels a pull that failed before its artifact was classified.
+const unknownKind = "unknown"
+
+// Metrics is cocoon-cri's set of metrics. Its methods are safe for concurrent use.
+type Metrics struct {
+	reg *prometheus.Registry
+
+	rpcs           *prometheus.CounterVec
+	rpcSeconds     *prometheus.HistogramVec
+	cocoonSeconds  *prometheus.HistogramVec
+	cocoonFailures *prometheus.CounterVec
+	pullSeconds    *prometheus.HistogramVec
+	pullBytes      *prometheus.CounterVec
+	orphans        prometheus.Gauge
+	watcherRestart prometheus.Counter
+}
+
+// Buckets, in seconds. RPCs range from a List served from memory (well under a millisecond) to a
+// StartContainer that boots a guest and waits for it (the guest-ready timeout is minutes); cocoon
+// calls likewise from an inspect to a clone; pulls from a tag-only pull to a multi-GiB download.
+var (
+	rpcBuckets    = []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300}
+	cocoonBuckets = []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120}
+	pullBuckets   = []float64{.1, .5, 1, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600}
+)
+
+// New returns the metrics of a daemon whose records are in st (read at every scrape for the VM
+// counts; nil leaves them out) and whose version is version.
+func New(st *store.Store, version string) *Metrics {
+	m := &Metrics{
+		reg: prometheus.NewRegistry(),
+		rpcs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "rpc_requests_total",
+			Help: "CRI gRPC requests handled, by service, method and gRPC status code.",
+		}, []string{"service", "method", "code"}),
+		rpcSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "rpc_duration_seconds",
+			Help:    "Time to handle a CRI gRPC request (a stream: its whole life), by service and method.",
+			Buckets: rpcBuckets,
+		}, []string{"service", "method"}),
+		cocoonSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "cocoon_call_duration_seconds",
+			Help:    "Time a cocoon command ran, failed or not, by subcommand (\"vm clone\").",
+			Buckets: cocoonBuckets,
+		}, []string{"subcommand"}),
+		cocoonFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "cocoon_call_failures_total",
+			Help: "cocoon commands that failed (non-zero exit, timeout, could not run), by subcommand. " +
+				"Some are expected and handled, such as vm rm of a VM already gone.",
+		}, []string{"subcommand"}),
+		pullSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "image_pull_duration_seconds",
+			Help:    "Time an image pull took, by artifact kind (snapshot, cloudimg, oci; unknown when it failed first) and result (success, present, failure).",
+			Buckets: pullBuckets,
+		}, []string{"kind", "result"}),
+		pullBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "image_pull_bytes_total",
+			Help: "Bytes downloaded from registries by image pulls, added when a pull ends, by artifact kind. " +
+				"OCI VM images are downloaded by cocoon itself and are not counted.",
+		}, []string{"kind"}),
+		orphans: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "orphan_vms",
+			Help: "cocoon VMs named as cocoon-cri names them (cri-) that no container record claims, left on the node by the last " +
+				"startup reconcile: all it found under --orphan-policy alert or keep, those it failed to remove under destroy.",
+		}),
+		watcherRestart: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace, Name: "event_watcher_restarts_total",
+			Help: "Times the watcher of cocoon's VM events (cocoon vm status --event) ended and was started again.",
+		}),
+	}
+	m.reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		m.rpcs, m.rpcSeconds, m.cocoonSeconds, m.cocoonFailures, m.pullSeconds, m.pullBytes, m.orphans, m.watcherRestart,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "build_info",
+			Help:        "Always 1; the version label is cocoon-cri's version.",
+			ConstLabels: prometheus.Labels{"version": version},
+		}, func() float64 { return 1 }),
+	)
+	if st != nil {
+		m.reg.MustRegister(newVMCollector(st))
+	}
+	return m
+}
+
+// Registry is the registry the metrics are in, for tests and for serving them elsewhere.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// CocoonCall records one cocoon command; it has the signature of pkg/cocoon's Options.Observe.
+func (m *Metrics) CocoonCall(subcommand string, took time.Duration, err error) {
+	m.cocoonSeconds.WithLabelValues(subcommand).Observe(took.Seconds())
+	if err != nil {
+		m.cocoonFailures.WithLabelValues(subcommand).Inc()
+	}
+}
+
+// ImagePulled records one pull that ended: kind is the artifact's kind ("" when it failed before
+// the manifest was classified), present says the digest was on the node already, bytes is what
+// was downloaded from the registry.
+func (m *Metrics) ImagePulled(kind string, took time.Duration, bytes int64, present bool, err error) {
+	if kind == "" {
+		kind = unknownKind
+	}
+	result := PullSucceeded
+	switch {
+	case err != nil:
+		result = PullFailed
+	case present:
+		result = PullPresent
+	}
+	m.pullSeconds.WithLabelValues(kind, result).Observe(took.Seconds())
+	if bytes > 0 {
+		m.pullBytes.WithLabelValues(kind).Add(float64(bytes))
+	}
+}
+
+// Orphans records how many orphan VMs the startup reconcile left on the node (cri.Observer).
+func (m *Metrics) Orphans(n int) { m.orphans.Set(float64(n)) }
+
+// WatcherRestarted counts one restart of the VM event watcher (cri.Observer).
+func (m *Metrics) WatcherRestarted() { m.watcherRestart.Inc() }

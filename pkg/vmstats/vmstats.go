@@ -1,0 +1,291 @@
+// Package vmstats reads what a VM costs the node from the hypervisor process, without asking
+// cocoon: under cloud-hypervisor or Firecracker the guest's vCPUs are the process's threads and
+// the guest's memory is the process's memory, so /proc/<pid> is the VM's usage. It also reads the
+// pod interface's counters (/proc/<pid>/net/dev: the hypervisor runs in the namespace that holds
+// the pod interface) and the writable disk's allocated bytes.
+package vmstats
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// userHZ is the unit of the CPU times in /proc/<pid>/stat. The kernel exports them in USER_HZ,
+// which is 100 on every architecture Linux (and so Kubernetes) runs on, whatever CONFIG_HZ is.
+const userHZ = 100
+
+// ErrGone is returned when the process no longer exists.
+var ErrGone = errors.New("process is gone")
+
+// Process is one sample of a process's usage.
+type Process struct {
+	// CPUNanos is the CPU time all its threads used, living and exited (utime + stime).
+	CPUNanos uint64
+	// StartTicks is when it started, in clock ticks since boot: with the PID it names the process,
+	// since PIDs are reused.
+	StartTicks  uint64
+	MinorFaults uint64
+	MajorFaults uint64
+	// Resident memory in bytes: RSS is all of it; Anon, File and Shmem its parts.
+	RSS, RSSAnon, RSSFile, RSSShmem uint64
+	// Swap is the bytes swapped out.
+	Swap    uint64
+	Threads uint64
+}
+
+// ReadProcess samples process pid under procRoot ("/proc" on a host). A process that is gone,
+// or became a zombie (it no longer holds memory), is ErrGone.
+func ReadProcess(procRoot string, pid int) (*Process, error) {
+	if pid <= 0 {
+		return nil, fmt.Errorf("pid %d: %w", pid, ErrGone)
+	}
+	dir := filepath.Join(procRoot, strconv.Itoa(pid))
+	statData, err := os.ReadFile(filepath.Join(dir, "stat"))
+	if err != nil {
+		return nil, gone(pid, err)
+	}
+	st, err := ParseStat(statData)
+	if err != nil {
+		return nil, fmt.Errorf("pid %d: %w", pid, err)
+	}
+	if st.State == 'Z' || st.State == 'X' {
+		return nil, fmt.Errorf("pid %d is a zombie: %w", pid, ErrGone)
+	}
+	statusData, err := os.ReadFile(filepath.Join(dir, "status"))
+	if err != nil {
+		return nil, gone(pid, err)
+	}
+	status, err := ParseStatus(statusData)
+	if err != nil {
+		return nil, fmt.Errorf("pid %d: %w", pid, err)
+	}
+	return &Process{
+		CPUNanos:    (st.UTime + st.STime) * (1e9 / userHZ),
+		StartTicks:  st.StartTime,
+		MinorFaults: st.MinFlt,
+		MajorFaults: st.MajFlt,
+		RSS:         status.VmRSS,
+		RSSAnon:     status.RssAnon,
+		RSSFile:     status.RssFile,
+		RSSShmem:    status.RssShmem,
+		Swap:        status.VmSwap,
+		Threads:     status.Threads,
+	}, nil
+}
+
+// StartTicks reads only when process pid started (clock ticks since boot), to recognise it later.
+func StartTicks(procRoot string, pid int) (uint64, error) {
+	data, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return 0, gone(pid, err)
+	}
+	st, err := ParseStat(data)
+	if err != nil {
+		return 0, fmt.Errorf("pid %d: %w", pid, err)
+	}
+	return st.StartTime, nil
+}
+
+func gone(pid int, err error) error {
+	// ESRCH: the process exited between opening its directory and reading the file.
+	if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("pid %d: %w", pid, ErrGone)
+	}
+	return fmt.Errorf("pid %d: %w", pid, err)
+}
+
+// Stat is the part of /proc/<pid>/stat used here (proc(5) field numbers in comments).
+type Stat struct {
+	State     byte   // 3
+	PPID      int    // 4
+	MinFlt    uint64 // 10
+	MajFlt    uint64 // 12
+	UTime     uint64 // 14, clock ticks
+	STime     uint64 // 15, clock ticks
+	StartTime uint64 // 22, clock ticks since boot
+}
+
+// ParseStat parses /proc/<pid>/stat. The command name (field 2) may hold spaces and parentheses,
+// so the fields are counted from its last ')'.
+func ParseStat(data []byte) (Stat, error) {
+	end := bytes.LastIndexByte(data, ')')
+	if end < 0 {
+		return Stat{}, errors.New("stat: no command name")
+	}
+	fields := strings.Fields(string(data[end+1:]))
+	// fields[0] is field 3 (state).
+	const first = 3
+	if len(fields) < 22-first+1 {
+		return Stat{}, fmt.Errorf("stat: %d fields after the command name", len(fields))
+	}
+	var st Stat
+	if len(fields[0]) != 1 {
+		return Stat{}, fmt.Errorf("stat: state %q", fields[0])
+	}
+	st.State = fields[0][0]
+	ppid, err := strconv.Atoi(fields[4-first])
+	if err != nil {
+		return Stat{}, fmt.Errorf("stat: ppid: %w", err)
+	}
+	st.PPID = ppid
+	for _, f := range []struct {
+		n   int
+		dst *uint64
+	}{{10, &st.MinFlt}, {12, &st.MajFlt}, {14, &st.UTime}, {15, &st.STime}, {22, &st.StartTime}} {
+		v, err := strconv.ParseUint(fields[f.n-first], 10, 64)
+		if err != nil {
+			return Stat{}, fmt.Errorf("stat: field %d: %w", f.n, err)
+		}
+		*f.dst = v
+	}
+	return st, nil
+}
+
+// Status is the part of /proc/<pid>/status used here, memory in bytes.
+type Status struct {
+	VmRSS, RssAnon, RssFile, RssShmem, VmSwap uint64
+	Threads                                   uint64
+}
+
+// ParseStatus parses /proc/<pid>/status. Kernel threads have no Vm* lines; they read as zero.
+func ParseStatus(data []byte) (Status, error) {
+	var st Status
+	fields := map[string]*uint64{
+		"VmRSS": &st.VmRSS, "RssAnon": &st.RssAnon, "RssFile": &st.RssFile, "RssShmem": &st.RssShmem,
+		"VmSwap": &st.VmSwap, "Threads": &st.Threads,
+	}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		key, value, ok := strings.Cut(sc.Text(), ":")
+		dst := fields[key]
+		if !ok || dst == nil {
+			continue
+		}
+		parts := strings.Fields(value)
+		if len(parts) == 0 {
+			return Status{}, fmt.Errorf("status: %s has no value", key)
+		}
+		v, err := strconv.ParseUint(parts[0], 10, 64)
+		if err != nil {
+			return Status{}, fmt.Errorf("status: %s: %w", key, err)
+		}
+		switch {
+		case len(parts) == 1:
+		case len(parts) == 2 && parts[1] == "kB":
+			v *= 1024
+		default:
+			return Status{}, fmt.Errorf("status: %s: unexpected value %q", key, value)
+		}
+		*dst = v
+	}
+	return st, sc.Err()
+}
+
+// Interface is one network interface's counters.
+type Interface struct {
+	Name     string
+	RxBytes  uint64
+	RxErrors uint64
+	TxBytes  uint64
+	TxErrors uint64
+}
+
+// ReadNetDev reads the interfaces of the network namespace process pid is in.
+func ReadNetDev(procRoot string, pid int) ([]Interface, error) {
+	data, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "net", "dev"))
+	if err != nil {
+		return nil, gone(pid, err)
+	}
+	return ParseNetDev(data)
+}
+
+// ParseNetDev parses /proc/net/dev: two header lines, then "name: 8 receive and 8 transmit
+// counters" per interface.
+func ParseNetDev(data []byte) ([]Interface, error) {
+	var out []Interface
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for line := 0; sc.Scan(); line++ {
+		if line < 2 {
+			continue
+		}
+		name, counters, ok := strings.Cut(sc.Text(), ":")
+		if !ok {
+			return nil, fmt.Errorf("net/dev: line %d has no interface name", line+1)
+		}
+		fields := strings.Fields(counters)
+		if len(fields) < 16 {
+			return nil, fmt.Errorf("net/dev: %s: %d counters, want 16", strings.TrimSpace(name), len(fields))
+		}
+		iface := Interface{Name: strings.TrimSpace(name)}
+		for _, f := range []struct {
+			i   int
+			dst *uint64
+		}{{0, &iface.RxBytes}, {2, &iface.RxErrors}, {8, &iface.TxBytes}, {10, &iface.TxErrors}} {
+			v, err := strconv.ParseUint(fields[f.i], 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("net/dev: %s: %w", iface.Name, err)
+			}
+			*f.dst = v
+		}
+		out = append(out, iface)
+	}
+	return out, sc.Err()
+}
+
+// FindInterface returns the interface called name.
+func FindInterface(ifaces []Interface, name string) (Interface, bool) {
+	for _, i := range ifaces {
+		if i.Name == name {
+			return i, true
+		}
+	}
+	return Interface{}, false
+}
+
+// AllocatedBytes is the disk space a file takes: its allocated blocks, not its size, since a VM's
+// writable disk is sparse and grows as the guest writes.
+func AllocatedBytes(path string) (uint64, error) {
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		return 0, &os.PathError{Op: "stat", Path: path, Err: err}
+	}
+	// st_blocks counts 512-byte units whatever the filesystem's block size (stat(2)).
+	return uint64(st.Blocks) * 512, nil
+}
+
+// Tree is process pid and its descendants, parents before their children. A process that exits
+// during the walk is left out.
+func Tree(procRoot string, pid int) ([]int, error) {
+	entries, err := os.ReadDir(procRoot)
+	if err != nil {
+		return nil, fmt.Errorf("list processes: %w", err)
+	}
+	children := map[int][]int{}
+	for _, e := range entries {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(procRoot, e.Name(), "stat"))
+		if err != nil {
+			continue // exited meanwhile
+		}
+		st, err := ParseStat(data)
+		if err != nil {
+			return nil, fmt.Errorf("pid %d: %w", child, err)
+		}
+		children[st.PPID] = append(children[st.PPID], child)
+	}
+	tree := []int{pid}
+	for i := 0; i < len(tree); i++ {
+		tree = append(tree, children[tree[i]]...)
+	}
+	return tree, nil
+}
