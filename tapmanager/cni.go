@@ -11,6 +11,8 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/faultpoint"
 )
 
 // PodIfName is the pod's interface in its namespace, as every Kubernetes runtime names it.
@@ -175,9 +177,11 @@ func (c *CNI) Del(ctx context.Context, confList []byte, pod Pod) error {
 	if _, statErr := os.Stat(rc.NetNS); statErr != nil {
 		rc.NetNS = ""
 	}
+	faultpoint.Hit("cni del/before")
 	if err := c.cni.DelNetworkList(ctx, list, rc); err != nil {
 		return fmt.Errorf("CNI DEL from network %q: %w", list.Name, err)
 	}
+	faultpoint.Hit("cni del/after")
 	return nil
 }
 

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/faultpoint"
 )
 
 // CocoonNetwork is the name of the network in the configuration cocoon-cri writes for each
@@ -119,5 +121,6 @@ func (m *Manager) ReclaimFromVM(sandboxID, podNetNS, vmNetNS string, result json
 	if err := Reclaim(podNetNS, vmNetNS, cocoonIfName, res); err != nil {
 		return fmt.Errorf("take the pod interface back from %s: %w", vmNetNS, err)
 	}
+	faultpoint.Hit("interface reclaimed")
 	return writeHolder(m.holderFile(sandboxID), podNetNS)
 }

@@ -10,6 +10,8 @@ import (
 	"runtime"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/faultpoint"
 )
 
 // NetNSPrefix names the namespaces cocoon-cri creates, so an operator can tell them from cocoon's
@@ -52,6 +54,7 @@ func (n *NetNS) RemoveNetNS(path string) error {
 	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
 		return fmt.Errorf("unmount netns %s: %w", path, err)
 	}
+	faultpoint.Hit("netns unmounted")
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove netns %s: %w", path, err)
 	}

@@ -17,6 +17,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/faultpoint"
 )
 
 // DefaultTimeout bounds a cocoon call whose caller gives no shorter deadline. cocoon commands are
@@ -133,10 +135,12 @@ func (c *Client) run(ctx context.Context, cl call) ([]byte, error) {
 	cmd.Stdout = &stdout
 	cmd.Stderr = stderr
 
+	sub := subcommand(cl.args)
+	faultpoint.Hit("cocoon " + sub + "/before")
 	start := time.Now()
 	err := cmd.Run()
 	took := time.Since(start)
-	sub := subcommand(cl.args)
+	faultpoint.Hit("cocoon " + sub + "/after")
 	if err != nil {
 		err = c.commandError(ctx, cl.args, cmd, err, stderr.String())
 	}

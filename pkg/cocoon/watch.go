@@ -37,7 +37,9 @@ func (c *Client) WatchVMs(ctx context.Context, poll time.Duration, fn func(VMEve
 	secs := max(int(poll/time.Second), 1)
 	args := []string{"vm", "status", "--event", "--format", "json", "-n", strconv.Itoa(secs)}
 	cmd := exec.CommandContext(ctx, c.opts.Binary, append(c.globalArgs(), args...)...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// The stream lives as long as cocoon-cri: if cocoon-cri is killed, the stream must not stay
+	// behind (it has no other reason to end while no VM changes).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 5 * time.Second
 	stderr := &tailBuffer{max: maxStderr}

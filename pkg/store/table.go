@@ -7,6 +7,8 @@ import (
 	"sync"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/faultpoint"
 )
 
 // Table is one bucket of records of type T, mirrored in memory. Records handed out are copies;
@@ -166,6 +168,7 @@ func (t *Table[T]) Update(fn func(tx *Tx[T]) error) error {
 	if len(tx.staged) == 0 {
 		return nil
 	}
+	faultpoint.Hit("store " + t.what + "/before")
 	err := t.db.Update(func(btx *bolt.Tx) error {
 		b := btx.Bucket(t.bucket)
 		for k, item := range tx.staged {
@@ -188,6 +191,7 @@ func (t *Table[T]) Update(fn func(tx *Tx[T]) error) error {
 	if err != nil {
 		return fmt.Errorf("write %s: %w", t.bucket, err)
 	}
+	faultpoint.Hit("store " + t.what + "/after")
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for k, item := range tx.staged {

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -136,7 +138,16 @@ func TestStartupReconcile(t *testing.T) {
 		t.Fatalf("no host-local lease of %s under %s", lostIP, n.ipamDir)
 	}
 
+	if got := len(n.eventStreams()); got != 1 {
+		t.Fatalf("%d cocoon vm status streams run for the node, want 1", got)
+	}
 	n.kill()
+	// The event stream dies with cocoon-cri rather than linger.
+	for deadline := time.Now().Add(10 * time.Second); len(n.eventStreams()) != 0; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("cocoon vm status outlived a killed cocoon-cri: PIDs %v", n.eventStreams())
+		}
+	}
 	if err := syscall.Kill(crashedPID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -236,4 +247,22 @@ func TestFiftyPodsInParallel(t *testing.T) {
 	if vms := n.vms(); len(vms) != 0 {
 		t.Fatalf("%d VMs left", len(vms))
 	}
+}
+
+// eventStreams lists the PIDs of cocoon vm status processes running on this node's cocoon dirs.
+func (n *node) eventStreams() []int {
+	var pids []int
+	procs, _ := os.ReadDir("/proc")
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
+		args := string(cmdline)
+		if strings.Contains(args, n.rootDir+"\x00") && strings.Contains(args, "\x00status\x00--event") {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
