@@ -18,6 +18,9 @@ type containerIO struct {
 	console *streaming.Console
 	main    *mainProcess // nil for a container whose VM's own init is the workload
 	cancel  context.CancelFunc
+	// setUp is closed once the guest has been configured for the pod (or given up on): commands
+	// wait for it, so they see the pod's hostname and resolvers.
+	setUp chan struct{}
 }
 
 // consoleStopWait bounds how long a stop waits for the console reader to let go.
@@ -34,7 +37,7 @@ func mainCommand(cfg *runtimeapi.ContainerConfig) []string {
 // main process run in the background: StartContainer does not wait for a booting guest.
 func (s *Server) startIO(sb *store.Sandbox, c *store.Container) {
 	ctx, cancel := context.WithCancel(context.Background())
-	cio := &containerIO{cancel: cancel}
+	cio := &containerIO{cancel: cancel, setUp: make(chan struct{})}
 	log := s.log.With("container", c.ID, "vm", c.VM.Name)
 	if c.LogPath != "" {
 		w, err := streaming.OpenLog(c.LogPath)
@@ -73,6 +76,7 @@ func (s *Server) startIO(sb *store.Sandbox, c *store.Container) {
 // then runs the main process, if any.
 func (s *Server) runGuest(ctx context.Context, sb *store.Sandbox, c *store.Container, cio *containerIO) {
 	s.setUpGuest(ctx, sb, c)
+	close(cio.setUp)
 	if cio.main != nil {
 		code, err := cio.main.run(ctx, func(stdio streaming.ExecIO) (int, error) {
 			return s.guestExec(ctx, sb, c, cio.main.argv, stdio)
@@ -105,6 +109,20 @@ func (s *Server) stopIO(containerID string) {
 		if err := cio.log.Close(); err != nil {
 			s.log.Warn("closing the container log failed", "container", containerID, "err", err)
 		}
+	}
+}
+
+// awaitGuestSetUp waits, within ctx, until the container's guest is configured for the pod.
+func (s *Server) awaitGuestSetUp(ctx context.Context, containerID string) error {
+	cio := s.ioOf(containerID)
+	if cio == nil {
+		return nil
+	}
+	select {
+	case <-cio.setUp:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 

@@ -48,16 +48,19 @@ func (s *Server) setUpGuest(ctx context.Context, sb *store.Sandbox, c *store.Con
 	}
 }
 
-// guestSetupScript is the shell script that configures the guest. The NIC is found by the pod
-// interface's MAC, which cocoon gave it: its name in the guest depends on the guest.
+// guestSetupScript is the shell script that configures the guest. Its parts are independent: one
+// that fails (a hostname the guest refuses) does not keep the others from being applied, and the
+// script still exits non-zero so the failure is logged. The NIC is found by the pod interface's
+// MAC, which cocoon gave it: its name in the guest depends on the guest.
 func guestSetupScript(sb *store.Sandbox, c *store.Container) string {
 	cfg := sb.Config.Msg
 	var b strings.Builder
-	b.WriteString("set -e\n")
+	b.WriteString("failed=0\n")
 	if c.VM.Mode == store.VMClone && sb.Network != nil && len(sb.Network.Result) > 0 {
 		if result, err := tapmanager.DecodeResult(sb.Network.Result); err == nil {
 			if addr, gw, ok := tapmanager.PodIPv4(result); ok {
 				ones, _ := addr.Mask.Size()
+				b.WriteString("(\nset -e\n")
 				fmt.Fprintf(&b, "mac=%s\ndev=\n", streaming.ShellQuote([]string{strings.ToLower(sb.Network.MAC)}))
 				b.WriteString("for d in /sys/class/net/*; do [ \"$(cat \"$d/address\" 2>/dev/null)\" = \"$mac\" ] && dev=${d##*/}; done\n")
 				b.WriteString("[ -n \"$dev\" ] || { echo \"no interface with MAC $mac\" >&2; exit 1; }\n")
@@ -66,15 +69,16 @@ func guestSetupScript(sb *store.Sandbox, c *store.Container) string {
 				if gw != nil {
 					fmt.Fprintf(&b, "ip route replace default via %s dev \"$dev\"\n", gw)
 				}
+				b.WriteString(") || failed=1\n")
 			}
 		}
 	}
-	hostname := cfg.GetHostname()
-	if hostname == "" {
-		hostname = cfg.GetMetadata().GetName()
+	// Without a hostname in the config (crictl, critest) the guest keeps its own, as a container
+	// without one keeps the runtime's default.
+	if hostname := cfg.GetHostname(); hostname != "" {
+		quoted := streaming.ShellQuote([]string{hostname})
+		fmt.Fprintf(&b, "{ hostname %s && echo %s > /etc/hostname; } || failed=1\n", quoted, quoted)
 	}
-	quoted := streaming.ShellQuote([]string{hostname})
-	fmt.Fprintf(&b, "hostname %s\necho %s > /etc/hostname\n", quoted, quoted)
 	if dns := cfg.GetDnsConfig(); dns != nil && (len(dns.GetServers())+len(dns.GetSearches())+len(dns.GetOptions())) > 0 {
 		var conf strings.Builder
 		for _, server := range dns.GetServers() {
@@ -86,7 +90,8 @@ func guestSetupScript(sb *store.Sandbox, c *store.Container) string {
 		if len(dns.GetOptions()) > 0 {
 			fmt.Fprintf(&conf, "options %s\n", strings.Join(dns.GetOptions(), " "))
 		}
-		fmt.Fprintf(&b, "printf '%%s' %s > /etc/resolv.conf\n", streaming.ShellQuote([]string{conf.String()}))
+		fmt.Fprintf(&b, "printf '%%s' %s > /etc/resolv.conf || failed=1\n", streaming.ShellQuote([]string{conf.String()}))
 	}
+	b.WriteString("exit $failed\n")
 	return b.String()
 }

@@ -55,7 +55,11 @@ func (s *Server) ExecSync(ctx context.Context, req *runtimeapi.ExecSyncRequest) 
 		defer cancel()
 	}
 	stdout, stderr := &cappedBuffer{max: maxExecSyncOutput}, &cappedBuffer{max: maxExecSyncOutput}
-	code, err := s.guestExec(ctx, sb, c, req.GetCmd(), streaming.ExecIO{Stdout: stdout, Stderr: stderr})
+	err = s.awaitGuestSetUp(ctx, c.ID)
+	code := -1
+	if err == nil {
+		code, err = s.guestExec(ctx, sb, c, req.GetCmd(), streaming.ExecIO{Stdout: stdout, Stderr: stderr})
+	}
 	if errors.Is(err, context.DeadlineExceeded) && req.GetTimeout() > 0 {
 		return nil, status.Errorf(codes.DeadlineExceeded, "command %q timed out after %ds", req.GetCmd(), req.GetTimeout())
 	}
@@ -179,6 +183,9 @@ type streamRuntime struct{ s *Server }
 func (r streamRuntime) Exec(ctx context.Context, containerID string, cmd []string, in io.Reader, out, errw io.WriteCloser, tty bool, resize <-chan remotecommand.TerminalSize) error {
 	sb, c, err := r.s.runningContainer(containerID)
 	if err != nil {
+		return err
+	}
+	if err := r.s.awaitGuestSetUp(ctx, c.ID); err != nil {
 		return err
 	}
 	stdio := streaming.ExecIO{Stdin: in, TTY: tty, Resize: resize}
