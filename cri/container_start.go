@@ -166,17 +166,11 @@ func (s *Server) cleanUpFailedStart(sb *store.Sandbox, c *store.Container) {
 // lockContainer resolves a container ID (or unique prefix), locks its sandbox and returns both
 // records read under the lock.
 func (s *Server) lockContainer(idOrPrefix string) (*store.Container, *store.Sandbox, func(), error) {
-	if idOrPrefix == "" {
-		return nil, nil, nil, invalid("container ID is required")
-	}
-	id, err := s.store.Containers.Resolve(idOrPrefix)
+	c, err := s.findContainer(idOrPrefix)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	c, err := s.store.Containers.Get(id)
-	if err != nil {
-		return nil, nil, nil, err
-	}
+	id := c.ID
 	unlock := s.locks.Lock(c.SandboxID)
 	if c, err = s.store.Containers.Get(id); err != nil {
 		unlock()

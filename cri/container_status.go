@@ -10,14 +10,7 @@ import (
 
 // ContainerStatus answers from the store.
 func (s *Server) ContainerStatus(_ context.Context, req *runtimeapi.ContainerStatusRequest) (*runtimeapi.ContainerStatusResponse, error) {
-	if req.GetContainerId() == "" {
-		return nil, invalid("container ID is required")
-	}
-	id, err := s.store.Containers.Resolve(req.GetContainerId())
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	c, err := s.store.Containers.Get(id)
+	c, err := s.findContainer(req.GetContainerId())
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -88,4 +81,16 @@ func firstOr(values []string, fallback string) string {
 		return values[0]
 	}
 	return fallback
+}
+
+// findContainer resolves a container ID (or unique prefix) to its record.
+func (s *Server) findContainer(idOrPrefix string) (*store.Container, error) {
+	if idOrPrefix == "" {
+		return nil, invalid("container ID is required")
+	}
+	id, err := s.store.Containers.Resolve(idOrPrefix)
+	if err != nil {
+		return nil, err
+	}
+	return s.store.Containers.Get(id)
 }

@@ -23,14 +23,7 @@ import (
 
 // ContainerStats answers for one container.
 func (s *Server) ContainerStats(_ context.Context, req *runtimeapi.ContainerStatsRequest) (*runtimeapi.ContainerStatsResponse, error) {
-	if req.GetContainerId() == "" {
-		return nil, invalid("container ID is required")
-	}
-	id, err := s.store.Containers.Resolve(req.GetContainerId())
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	c, err := s.store.Containers.Get(id)
+	c, err := s.findContainer(req.GetContainerId())
 	if err != nil {
 		return nil, toStatus(err)
 	}

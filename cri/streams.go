@@ -144,14 +144,7 @@ func checkStreams(stdin, stdout, stderr, tty bool) error {
 
 // runningContainer looks up a container that runs, and its sandbox.
 func (s *Server) runningContainer(idOrPrefix string) (*store.Sandbox, *store.Container, error) {
-	if idOrPrefix == "" {
-		return nil, nil, invalid("container ID is required")
-	}
-	id, err := s.store.Containers.Resolve(idOrPrefix)
-	if err != nil {
-		return nil, nil, err
-	}
-	c, err := s.store.Containers.Get(id)
+	c, err := s.findContainer(idOrPrefix)
 	if err != nil {
 		return nil, nil, err
 	}

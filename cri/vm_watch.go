@@ -47,7 +47,11 @@ func (s *Server) WatchVMs(ctx context.Context) {
 		if s.cfg.Metrics != nil {
 			s.cfg.Metrics.WatcherRestarted()
 		}
-		sleepCtx(ctx, backoff)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
 		backoff = min(2*backoff, watchBackoffMax)
 	}
 }
@@ -159,13 +163,4 @@ func processAlive(pid int) bool {
 	}
 	err := syscall.Kill(pid, 0)
 	return err == nil || errors.Is(err, syscall.EPERM)
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
 }
