@@ -15,11 +15,12 @@ build:
 	$(GO) build -o $(BIN)/cocoon-sim ./test/cocoonsim/cmd/cocoon-sim
 	$(GO) build -o $(BIN)/mktestimage ./test/cmd/mktestimage
 
-# Debian packages the simulator and tests rely on, and the real guest (a Debian kernel under QEMU)
-# the data-path tests boot; each installed only when missing.
+# Debian packages the simulator and tests rely on, the real guest (a Debian kernel under QEMU) the
+# data-path tests boot, and a mkfs.erofs with --tar for OCI VM image pulls; each only when missing.
 setup:
 	./hack/setup.sh
 	./hack/setup-realguest.sh
+	./hack/setup-erofs.sh
 
 # crictl and critest, pinned in test/tools/go.mod, built once per version.
 tools:
