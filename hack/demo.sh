@@ -96,6 +96,13 @@ cocoon vm list
 vm_pid=$(crictl inspect -o go-template --template '{{.info.vm.pid}}' "$ctr")
 ps -o pid,etime,args -p "$vm_pid" | cut -c1-150
 
+step "Inside the guest: crictl exec (through cocoon vm exec), the VM's console as the container log, stats"
+# Exec streams are served on the node's loopback, so crictl exec runs in the node's namespace.
+on_node "$bin/crictl" --runtime-endpoint "unix://$sock" --timeout 60s exec "$ctr" \
+  sh -c 'echo "guest hostname: $(hostname), address: $(ip -4 -o addr show scope global | awk "{print \$4}")"'
+crictl logs --tail 2 "$ctr"
+crictl stats "$ctr" | sed "s/\x1b\[2J\x1b\[H//"  # crictl clears the screen first
+
 step "A second pod, booted from a cloud image: its guest answers at the pod IP, from the node"
 # A clone keeps its snapshot's guest network configuration until reconfigured (docs/networking.md);
 # a booted VM takes the pod address from cocoon at boot.
