@@ -9,7 +9,9 @@ import (
 	"path/filepath"
 
 	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/invoke"
 	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/faultpoint"
@@ -31,7 +33,10 @@ type CNI struct {
 // NewCNI returns a CNI runner over the configuration files in confDir and the plugins in binDirs.
 // cacheDir holds libcni's record of each attachment, which DEL reads.
 func NewCNI(confDir string, binDirs []string, cacheDir string) *CNI {
-	return &CNI{confDir: confDir, binDirs: binDirs, cni: libcni.NewCNIConfigWithCacheDir(binDirs, cacheDir, nil)}
+	// An explicit exec: without one, libcni makes its default lazily on first use, and concurrent
+	// first uses race (seen with 50 RunPodSandbox at once).
+	pluginExec := &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}}
+	return &CNI{confDir: confDir, binDirs: binDirs, cni: libcni.NewCNIConfigWithCacheDir(binDirs, cacheDir, pluginExec)}
 }
 
 // ConfDir is where the configuration is read from.
