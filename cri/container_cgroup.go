@@ -3,7 +3,6 @@ package cri
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cgroups"
@@ -20,18 +19,6 @@ const (
 
 // procRoot is where processes are read.
 const procRoot = "/proc"
-
-// cgroupHost finds the node's cgroup hierarchies once, when a pod first names a cgroup parent.
-type cgroupHost struct {
-	once sync.Once
-	host *cgroups.Host
-	err  error
-}
-
-func (h *cgroupHost) get() (*cgroups.Host, error) {
-	h.once.Do(func() { h.host, h.err = cgroups.Detect() })
-	return h.host, h.err
-}
 
 // vmCgroup is the cgroup a container's VM joins: <cgroup_parent>/<container ID>, the cgroup
 // containerd gives a container under the cgroupfs driver, so the kubelet's cAdvisor finds the
@@ -57,7 +44,7 @@ func (s *Server) placeVM(sb *store.Sandbox, c *store.Container, pid int) (cgroup
 		// Writing 0 to cgroup.procs would move cocoon-cri itself.
 		return "", "", fmt.Errorf("cocoon reported no hypervisor PID for VM %s, so it cannot be put into the pod's cgroup %s", c.VM.Name, cgroup)
 	}
-	host, err := s.cgroups.get()
+	host, err := s.cgroups()
 	if err != nil {
 		return "", "", fmt.Errorf("pod sandbox %s names cgroup parent %q, but cgroups are not usable: %w",
 			sb.ID, sb.Config.Msg.GetLinux().GetCgroupParent(), err)
@@ -88,16 +75,22 @@ func (s *Server) removeCgroup(ctx context.Context, sb *store.Sandbox, c *store.C
 	if created == "" {
 		created = c.VM.CgroupCreated
 	}
-	host, err := s.cgroups.get()
-	if err != nil {
-		return nil //nolint:nilerr // without cgroups no VM was placed
-	}
-	ctx, cancel := context.WithTimeout(ctx, wait)
-	defer cancel()
-	if err := host.Remove(ctx, cgroup, created); err != nil {
+	if err := s.dropCgroup(ctx, cgroup, created, wait); err != nil {
 		return fmt.Errorf("remove the cgroup of container %s: %w", c.ID, err)
 	}
 	return nil
+}
+
+// dropCgroup removes cgroup, and the parents up to created that cocoon-cri made, waiting up to wait
+// for exiting processes to leave. Without usable cgroups no VM was placed, so there is nothing to do.
+func (s *Server) dropCgroup(ctx context.Context, cgroup, created string, wait time.Duration) error {
+	host, err := s.cgroups()
+	if err != nil {
+		return nil //nolint:nilerr // no cgroups: nothing was placed
+	}
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	return host.Remove(ctx, cgroup, created)
 }
 
 // releaseCgroup removes an exited container's cgroup as soon as its VM is gone, so an ended VM
@@ -107,13 +100,7 @@ func (s *Server) releaseCgroup(c *store.Container) {
 	if c.VM.Cgroup == "" {
 		return
 	}
-	host, err := s.cgroups.get()
-	if err != nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), cgroupExitWait)
-	defer cancel()
-	if err := host.Remove(ctx, c.VM.Cgroup, c.VM.CgroupCreated); err != nil {
+	if err := s.dropCgroup(context.Background(), c.VM.Cgroup, c.VM.CgroupCreated, cgroupExitWait); err != nil {
 		s.log.Warn("the cgroup of an exited VM is still in use; removing the container retries", "container", c.ID, "err", err)
 	}
 }

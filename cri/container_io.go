@@ -62,7 +62,7 @@ func (s *Server) startIO(sb *store.Sandbox, c *store.Container) {
 		return open(ctx)
 	}, consoleSink, log)
 	if len(argv) > 0 {
-		cio.main = newMainProcess(c.Config.Msg, cio.log)
+		cio.main = newMainProcess(c.Config.Msg, argv, cio.log)
 	}
 	s.iosMu.Lock()
 	s.ios[c.ID] = cio
@@ -78,7 +78,7 @@ func (s *Server) runGuest(ctx context.Context, sb *store.Sandbox, c *store.Conta
 	s.setUpGuest(ctx, sb, c)
 	close(cio.setUp)
 	if cio.main != nil {
-		code, err := cio.main.run(ctx, func(stdio streaming.ExecIO) (int, error) {
+		code, err := cio.main.run(func(stdio streaming.ExecIO) (int, error) {
 			return s.guestExec(ctx, sb, c, cio.main.argv, stdio)
 		})
 		s.mainExited(ctx, sb.ID, c.ID, code, err)

@@ -32,9 +32,9 @@ type mainProcess struct {
 	attached bool // a StdinOnce container's stdin closes after its first attach session
 }
 
-func newMainProcess(cfg *runtimeapi.ContainerConfig, log *streaming.LogWriter) *mainProcess {
+func newMainProcess(cfg *runtimeapi.ContainerConfig, argv []string, log *streaming.LogWriter) *mainProcess {
 	m := &mainProcess{
-		argv: mainCommand(cfg), tty: cfg.GetTty(), stdinOnce: cfg.GetStdinOnce(), log: log,
+		argv: argv, tty: cfg.GetTty(), stdinOnce: cfg.GetStdinOnce(), log: log,
 		stdout: streaming.NewBroadcast(), stderr: streaming.NewBroadcast(),
 	}
 	if cfg.GetStdin() {
@@ -44,7 +44,7 @@ func newMainProcess(cfg *runtimeapi.ContainerConfig, log *streaming.LogWriter) *
 }
 
 // run runs the command through exec with the container's streams and returns its exit code.
-func (m *mainProcess) run(_ context.Context, exec func(streaming.ExecIO) (int, error)) (int, error) {
+func (m *mainProcess) run(exec func(streaming.ExecIO) (int, error)) (int, error) {
 	stdio := streaming.ExecIO{Stdout: m.output(runtimeapi.Stdout, m.stdout), TTY: m.tty}
 	stdio.Stderr = stdio.Stdout
 	if !m.tty {

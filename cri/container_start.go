@@ -67,18 +67,15 @@ func (s *Server) StartContainer(ctx context.Context, req *runtimeapi.StartContai
 	}
 	// Unknown (0) if the hypervisor already exited: the watcher records that.
 	pidStart, _ := vmstats.StartTicks(procRoot, vm.PID)
-	if _, err := s.store.Containers.Modify(c.ID, func(r *store.Container) error {
+	running, err := s.store.Containers.Modify(c.ID, func(r *store.Container) error {
 		r.State, r.StartedAt = store.ContainerRunning, s.now()
 		r.VM.ID, r.VM.PID, r.VM.NetNS, r.VM.APISocket = vm.ID, vm.PID, vmNetNS(vm), vm.SocketPath
 		r.VM.PIDStart, r.VM.COWPath = pidStart, vmCOWPath(vm)
 		r.VM.Cgroup, r.VM.CgroupCreated = cgroup, cgroupCreated
 		return nil
-	}); err != nil {
-		return nil, toStatus(fmt.Errorf("record container running: %w", err))
-	}
-	running, err := s.store.Containers.Get(c.ID)
+	})
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, toStatus(fmt.Errorf("record container running: %w", err))
 	}
 	s.emit(runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT, running)
 	s.startIO(sb, running)

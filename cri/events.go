@@ -43,6 +43,14 @@ func (h *eventHub) unsubscribe(sub *eventSub) {
 	delete(h.subs, sub)
 }
 
+// idle reports whether nobody listens: the kubelet subscribes only with EventedPLEG, off by
+// default, and an event then need not be built at all.
+func (h *eventHub) idle() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.subs) == 0
+}
+
 func (h *eventHub) publish(ev *runtimeapi.ContainerEventResponse) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -78,12 +86,13 @@ func (s *Server) GetContainerEvents(_ *runtimeapi.GetEventsRequest, stream runti
 // emit publishes an event about c, which has just changed. The caller holds the sandbox lock, so
 // the statuses are those the change left.
 func (s *Server) emit(kind runtimeapi.ContainerEventType, c *store.Container) {
+	if s.events.idle() {
+		return
+	}
 	ev := &runtimeapi.ContainerEventResponse{ContainerId: c.ID, ContainerEventType: kind, CreatedAt: s.now()}
 	if sb, err := s.store.Sandboxes.Get(c.SandboxID); err == nil {
 		ev.PodSandboxStatus = sandboxStatus(sb)
-		for _, sc := range s.sandboxContainers(sb.ID) {
-			ev.ContainersStatuses = append(ev.ContainersStatuses, containerStatus(sc))
-		}
+		ev.ContainersStatuses = s.containerStatuses(sb.ID)
 	}
 	s.events.publish(ev)
 }

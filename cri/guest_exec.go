@@ -45,19 +45,35 @@ var errNoExecPath = status.Error(codes.FailedPrecondition,
 // agentRetry paces retries while a booting guest's agent comes up.
 const agentRetry = 250 * time.Millisecond
 
-// hasExecPath reports whether commands can be run in guests at all.
-func (s *Server) hasExecPath(ctx context.Context) bool {
-	return s.cocoon.ExecSupported(ctx) || s.cfg.GuestSSH.configured()
+// How commands reach guests (ExecPath).
+const (
+	ExecPathAgent = "cocoon vm exec"
+	ExecPathSSH   = "ssh"
+	ExecPathNone  = ""
+)
+
+// ExecPath is how commands reach guests: through cocoon's guest agent (vm exec) when this cocoon
+// has it, over SSH to the pod IP when a login is configured, or not at all.
+func (s *Server) ExecPath(ctx context.Context) string {
+	switch {
+	case s.cocoon.ExecSupported(ctx):
+		return ExecPathAgent
+	case s.cfg.GuestSSH.configured():
+		return ExecPathSSH
+	}
+	return ExecPathNone
 }
 
-// guestExec runs argv in the container's guest and returns its exit code: through cocoon's guest
-// agent (vm exec) when this cocoon has it, over SSH to the pod IP otherwise. A booting guest's
-// agent is waited for until ctx ends.
+// hasExecPath reports whether commands can be run in guests at all.
+func (s *Server) hasExecPath(ctx context.Context) bool { return s.ExecPath(ctx) != ExecPathNone }
+
+// guestExec runs argv in the container's guest and returns its exit code, by ExecPath. A booting
+// guest's agent is waited for until ctx ends.
 func (s *Server) guestExec(ctx context.Context, sb *store.Sandbox, c *store.Container, argv []string, stdio streaming.ExecIO) (int, error) {
-	if s.cocoon.ExecSupported(ctx) {
+	switch s.ExecPath(ctx) {
+	case ExecPathAgent:
 		return s.agentExec(ctx, sb, c, argv, stdio)
-	}
-	if s.cfg.GuestSSH.configured() {
+	case ExecPathSSH:
 		return s.sshExec(ctx, sb, c, argv, stdio)
 	}
 	return -1, errNoExecPath
@@ -136,17 +152,25 @@ func (s *Server) sshTarget(sb *store.Sandbox, c *store.Container) (streaming.SSH
 func (s *Server) trustOnFirstUse(containerID string) ssh.HostKeyCallback {
 	return func(_ string, _ net.Addr, key ssh.PublicKey) error {
 		presented := ssh.MarshalAuthorizedKey(key)
+		// A key already pinned is compared without a write: probes log in every few seconds.
+		if c, err := s.store.Containers.Get(containerID); err == nil && c.VM.SSHHostKey != "" {
+			return hostKeyMatches(c.VM.SSHHostKey, presented)
+		}
 		_, err := s.store.Containers.Modify(containerID, func(r *store.Container) error {
 			if r.VM.SSHHostKey == "" {
 				r.VM.SSHHostKey = string(presented)
 				return nil
 			}
-			if !bytes.Equal([]byte(r.VM.SSHHostKey), presented) {
-				return fmt.Errorf("the guest's SSH host key changed (was %s, now %s): refusing to connect",
-					bytes.TrimSpace([]byte(r.VM.SSHHostKey)), bytes.TrimSpace(presented))
-			}
-			return nil
+			return hostKeyMatches(r.VM.SSHHostKey, presented)
 		})
 		return err
 	}
+}
+
+func hostKeyMatches(pinned string, presented []byte) error {
+	if !bytes.Equal([]byte(pinned), presented) {
+		return fmt.Errorf("the guest's SSH host key changed (was %s, now %s): refusing to connect",
+			bytes.TrimSpace([]byte(pinned)), bytes.TrimSpace(presented))
+	}
+	return nil
 }

@@ -49,7 +49,7 @@ func (s *Server) Recover(ctx context.Context) error {
 	if err != nil {
 		s.log.Warn("cannot list cocoon's VMs: running containers are checked by the periodic sweep", "err", err)
 	} else {
-		s.reconcileRunning(ctx, vms)
+		s.checkRunning(ctx, vms)
 		s.handleOrphans(ctx, vms)
 	}
 	for _, c := range s.store.Containers.List(func(c *store.Container) bool { return c.State == store.ContainerRunning }) {
@@ -67,22 +67,6 @@ func (s *Server) Recover(ctx context.Context) error {
 		s.log.Warn("removing network leftovers failed; the next start retries", "err", err)
 	}
 	return ctx.Err()
-}
-
-// reconcileRunning records exited the running containers whose VM ended while cocoon-cri was
-// down; the others are adopted as they are.
-func (s *Server) reconcileRunning(ctx context.Context, vms []cocoon.VM) {
-	byID := make(map[string]cocoon.VM, len(vms))
-	for _, vm := range vms {
-		byID[vm.ID] = vm
-	}
-	for _, c := range s.store.Containers.List(func(c *store.Container) bool { return c.State == store.ContainerRunning }) {
-		vm, ok := byID[c.VM.ID]
-		if ok && vm.State == cocoon.VMStateRunning && processAlive(vm.PID) {
-			continue
-		}
-		s.checkVMEnded(ctx, c.SandboxID, c.ID, c.VM.ID)
-	}
 }
 
 // handleOrphans applies the orphan policy to VMs named like cocoon-cri's that no container record

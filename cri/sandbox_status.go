@@ -14,14 +14,9 @@ func (s *Server) PodSandboxStatus(_ context.Context, req *runtimeapi.PodSandboxS
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	containers := s.sandboxContainers(sb.ID)
-	statuses := make([]*runtimeapi.ContainerStatus, 0, len(containers))
-	for _, c := range containers {
-		statuses = append(statuses, containerStatus(c))
-	}
 	resp := &runtimeapi.PodSandboxStatusResponse{
 		Status:             sandboxStatus(sb),
-		ContainersStatuses: statuses,
+		ContainersStatuses: s.containerStatuses(sb.ID),
 		Timestamp:          s.now(),
 	}
 	if req.GetVerbose() {
@@ -30,6 +25,16 @@ func (s *Server) PodSandboxStatus(_ context.Context, req *runtimeapi.PodSandboxS
 		}
 	}
 	return resp, nil
+}
+
+// containerStatuses are the statuses of a sandbox's containers.
+func (s *Server) containerStatuses(sandboxID string) []*runtimeapi.ContainerStatus {
+	containers := s.sandboxContainers(sandboxID)
+	statuses := make([]*runtimeapi.ContainerStatus, 0, len(containers))
+	for _, c := range containers {
+		statuses = append(statuses, containerStatus(c))
+	}
+	return statuses
 }
 
 // sandboxInfo is the verbose status, for people debugging a pod.

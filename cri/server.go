@@ -17,6 +17,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/cocoonstack/cocoon-cri/imagestore"
+	"github.com/cocoonstack/cocoon-cri/pkg/cgroups"
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/pkg/keylock"
 	"github.com/cocoonstack/cocoon-cri/pkg/refresh"
@@ -99,8 +100,9 @@ type Server struct {
 	netReady *refresh.Value[struct{}]
 	streams  *streaming.Server
 	events   eventHub
-	cgroups  cgroupHost
-	cpuRate  vmstats.CPURate // previous CPU samples, by container ID
+	// cgroups finds the node's cgroup hierarchies, once, when a pod first names a cgroup parent.
+	cgroups func() (*cgroups.Host, error)
+	cpuRate vmstats.CPURate // previous CPU samples, by container ID
 
 	iosMu   sync.Mutex
 	ios     map[string]*containerIO // running containers' streams, by container ID
@@ -135,8 +137,9 @@ func New(cfg Config, log *slog.Logger, st *store.Store, cc *cocoon.Client, nets 
 	}
 	return &Server{
 		cfg: cfg, log: log, store: st, cocoon: cc, net: nets, images: images,
-		health: newCocoonHealth(cc, cfg.StatusProbeInterval),
-		ios:    map[string]*containerIO{},
+		health:  newCocoonHealth(cc, cfg.StatusProbeInterval),
+		ios:     map[string]*containerIO{},
+		cgroups: sync.OnceValues(cgroups.Detect),
 		netReady: refresh.New(networkProbeInterval, probeTimeout, func(ctx context.Context) (struct{}, error) {
 			return struct{}{}, nets.Ready(ctx)
 		}),

@@ -65,7 +65,7 @@ func (s *Server) PodSandboxStats(_ context.Context, req *runtimeapi.PodSandboxSt
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return &runtimeapi.PodSandboxStatsResponse{Stats: s.sandboxStats(sb)}, nil
+	return &runtimeapi.PodSandboxStatsResponse{Stats: s.sandboxStats(sb, s.sandboxContainers(sb.ID))}, nil
 }
 
 // ListPodSandboxStats answers for the ready sandboxes the filter selects (containerd leaves out
@@ -89,9 +89,14 @@ func (s *Server) listSandboxStats(f *runtimeapi.PodSandboxStatsFilter) []*runtim
 		}
 		return matchLabels(sb.Config.Msg.GetLabels(), f.GetLabelSelector())
 	})
+	// One pass over the containers, not one per sandbox: the kubelet lists every few seconds.
+	bySandbox := map[string][]*store.Container{}
+	for _, c := range s.store.Containers.List(nil) {
+		bySandbox[c.SandboxID] = append(bySandbox[c.SandboxID], c)
+	}
 	out := make([]*runtimeapi.PodSandboxStats, 0, len(records))
 	for _, sb := range records {
-		out = append(out, s.sandboxStats(sb))
+		out = append(out, s.sandboxStats(sb, bySandbox[sb.ID]))
 	}
 	s.forgetRemovedContainers()
 	return out
@@ -100,7 +105,7 @@ func (s *Server) listSandboxStats(f *runtimeapi.PodSandboxStatsFilter) []*runtim
 // sandboxStats adds up the sandbox's containers (at most one VM runs) and reads the pod
 // interface. Cumulative CPU is the running VM's: a restarted container's VM starts from zero, as
 // a restarted container's cgroup does.
-func (s *Server) sandboxStats(sb *store.Sandbox) *runtimeapi.PodSandboxStats {
+func (s *Server) sandboxStats(sb *store.Sandbox, containers []*store.Container) *runtimeapi.PodSandboxStats {
 	now := s.now()
 	cfg := sb.Config.Msg
 	linux := &runtimeapi.LinuxPodSandboxStats{
@@ -109,7 +114,7 @@ func (s *Server) sandboxStats(sb *store.Sandbox) *runtimeapi.PodSandboxStats {
 		Process: &runtimeapi.ProcessUsage{Timestamp: now, ProcessCount: u64(0)},
 	}
 	runningPID := 0
-	for _, c := range s.sandboxContainers(sb.ID) {
+	for _, c := range containers {
 		smp := s.sampleContainer(c, now)
 		linux.Containers = append(linux.Containers, smp.stats)
 		if smp.proc == nil {
@@ -245,7 +250,7 @@ func (s *Server) podNetwork(sb *store.Sandbox, hypervisorPID int, now int64) *ru
 	if hypervisorPID > 0 {
 		ifaces, err := vmstats.ReadNetDev(procRoot, hypervisorPID)
 		if err == nil {
-			iface, found = vmstats.FindInterface(ifaces, tapmanager.PodIfName)
+			iface, found = vmstats.FindInterface(ifaces, tapmanager.VMIfName)
 		}
 	}
 	if !found && sb.NetNS != "" && sb.Network != nil && sb.Network.Result != nil {

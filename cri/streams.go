@@ -181,14 +181,7 @@ func (r streamRuntime) Exec(ctx context.Context, containerID string, cmd []strin
 	if err := r.s.awaitGuestSetUp(ctx, c.ID); err != nil {
 		return err
 	}
-	stdio := streaming.ExecIO{Stdin: in, TTY: tty, Resize: resize}
-	if out != nil {
-		stdio.Stdout = out
-	}
-	if errw != nil {
-		stdio.Stderr = errw
-	}
-	code, err := r.s.guestExec(ctx, sb, c, cmd, stdio)
+	code, err := r.s.guestExec(ctx, sb, c, cmd, streaming.ExecIO{Stdin: in, Stdout: out, Stderr: errw, TTY: tty, Resize: resize})
 	if err != nil {
 		return err
 	}

@@ -81,10 +81,9 @@ func (s *Server) sweepLoop(ctx context.Context) {
 }
 
 // sweep checks every running container against cocoon's VM list: one cocoon call, whatever the
-// number of pods. vm list shows a dead hypervisor as running, so its PID is checked here.
+// number of pods.
 func (s *Server) sweep(ctx context.Context) {
-	running := s.store.Containers.List(func(c *store.Container) bool { return c.State == store.ContainerRunning })
-	if len(running) == 0 {
+	if len(s.store.Containers.List(func(c *store.Container) bool { return c.State == store.ContainerRunning })) == 0 {
 		return
 	}
 	vms, err := s.cocoon.VMList(ctx)
@@ -92,11 +91,18 @@ func (s *Server) sweep(ctx context.Context) {
 		s.log.Warn("checking running VMs failed", "err", err)
 		return
 	}
+	s.checkRunning(ctx, vms)
+}
+
+// checkRunning records exited the running containers whose VM no longer runs according to vms (a
+// vm list). vm list shows a dead hypervisor as running, so its PID is checked here; a suspect is
+// confirmed with vm inspect before anything is recorded.
+func (s *Server) checkRunning(ctx context.Context, vms []cocoon.VM) {
 	byID := make(map[string]cocoon.VM, len(vms))
 	for _, vm := range vms {
 		byID[vm.ID] = vm
 	}
-	for _, c := range running {
+	for _, c := range s.store.Containers.List(func(c *store.Container) bool { return c.State == store.ContainerRunning }) {
 		vm, ok := byID[c.VM.ID]
 		if ok && vm.State == cocoon.VMStateRunning && processAlive(vm.PID) {
 			continue

@@ -75,26 +75,22 @@ func newRegistryClient(insecure []string, caFile string) (*registryClient, error
 // plainHTTPAllowed says whether a registry may be spoken to without TLS: loopback always (as
 // every container runtime allows), others only when configured insecure.
 func (rc *registryClient) plainHTTPAllowed(hostport string) bool {
-	host := hostport
-	if h, _, err := net.SplitHostPort(hostport); err == nil {
-		host = h
-	}
-	if host == "localhost" {
-		return true
-	}
-	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
-		return true
-	}
-	return rc.configuredInsecure(hostport)
+	host := hostOf(hostport)
+	ip := net.ParseIP(host)
+	return host == "localhost" || (ip != nil && ip.IsLoopback()) || rc.configuredInsecure(hostport)
 }
 
 // configuredInsecure says whether hostport is in --registry-insecure, by itself or by its host.
 func (rc *registryClient) configuredInsecure(hostport string) bool {
-	host := hostport
+	return rc.insecure[hostport] || rc.insecure[hostOf(hostport)]
+}
+
+// hostOf is hostport's host, or hostport itself when it has no port.
+func hostOf(hostport string) string {
 	if h, _, err := net.SplitHostPort(hostport); err == nil {
-		host = h
+		return h
 	}
-	return rc.insecure[hostport] || rc.insecure[host]
+	return hostport
 }
 
 // plainHTTPGuard refuses plain-HTTP requests to hosts that may not get them. go-containerregistry

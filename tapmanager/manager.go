@@ -14,8 +14,9 @@ import (
 // sandbox; its VMs are made with cocoon --network CocoonNetwork.
 const CocoonNetwork = "cocoon-cri-pod"
 
-// cocoonIfName is the name cocoon gives a VM's first NIC in its namespace (eth<i>).
-const cocoonIfName = "eth0"
+// VMIfName is the name cocoon gives a VM's first NIC in its namespace (eth<i>): where the pod
+// interface is while a VM holds it.
+const VMIfName = "eth0"
 
 // Config locates everything the pod network needs.
 type Config struct {
@@ -118,7 +119,7 @@ func (m *Manager) ReclaimFromVM(sandboxID, podNetNS, vmNetNS string, result json
 	if err != nil {
 		return fmt.Errorf("read the pod's CNI result: %w", err)
 	}
-	if err := Reclaim(podNetNS, vmNetNS, cocoonIfName, res); err != nil {
+	if err := Reclaim(podNetNS, vmNetNS, VMIfName, res); err != nil {
 		return fmt.Errorf("take the pod interface back from %s: %w", vmNetNS, err)
 	}
 	faultpoint.Hit("interface reclaimed")

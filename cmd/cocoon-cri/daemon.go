@@ -131,7 +131,7 @@ func runDaemon(parent context.Context, o *options) error {
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- g.Serve(lis) }()
 	log.Info("cocoon-cri serving", "version", version, "socket", o.socket, "stateDir", o.stateDir, "cocoon", o.cocoonBinary,
-		"streams", streams.Addr(), "metrics", metricsAddr, "guestExec", execPath(ctx, cc, o))
+		"streams", streams.Addr(), "metrics", metricsAddr, "guestExec", guestExecLog(server.ExecPath(ctx)))
 
 	select {
 	case err := <-serveErr:
@@ -166,13 +166,10 @@ func stopMetrics(ep *metrics.Endpoint, log *slog.Logger) {
 	}
 }
 
-// execPath names how commands reach guests, for the start-up log.
-func execPath(ctx context.Context, cc *cocoon.Client, o *options) string {
-	switch {
-	case cc.ExecSupported(ctx):
-		return "cocoon vm exec"
-	case o.guestSSHKeyFile != "" || o.guestSSHPassword != "":
-		return "ssh"
+// guestExecLog names how commands reach guests, for the start-up log.
+func guestExecLog(path string) string {
+	if path == cri.ExecPathNone {
+		return "none (commands, exec and ExecSync probes are refused)"
 	}
-	return "none (commands, exec and ExecSync probes are refused)"
+	return path
 }

@@ -298,29 +298,6 @@ func (h Hierarchy) move(cgroup string, pids []int) error {
 	return nil
 }
 
-// Procs lists the processes in cgroup in every hierarchy, by hierarchy mount.
-func (h *Host) Procs(cgroup string) (map[string][]int, error) {
-	out := map[string][]int{}
-	for _, hier := range h.Hierarchies {
-		d, err := hier.dir(cgroup)
-		if err != nil {
-			return nil, err
-		}
-		data, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
-		if err != nil {
-			return nil, fmt.Errorf("cgroup %s in %s: %w", cgroup, hier, err)
-		}
-		for _, f := range strings.Fields(string(data)) {
-			pid, err := strconv.Atoi(f)
-			if err != nil {
-				return nil, fmt.Errorf("cgroup %s in %s: %w", cgroup, hier, err)
-			}
-			out[hier.Mount] = append(out[hier.Mount], pid)
-		}
-	}
-	return out, nil
-}
-
 // Remove removes cgroup from every hierarchy, then its ancestors up to created (what Place made),
 // each only if empty: an ancestor another VM still uses stays. Processes that are exiting keep
 // a cgroup busy for a moment, so a busy cgroup is retried until ctx ends. A missing cgroup is

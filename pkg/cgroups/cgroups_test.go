@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -226,7 +227,7 @@ func TestPlaceAndRemoveOnThisHost(t *testing.T) {
 	if created != parent {
 		t.Fatalf("Place made %q on top, want %q (the parent did not exist)", created, parent)
 	}
-	procs, err := h.Procs(cgroup)
+	procs, err := procsOf(h, cgroup)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -366,4 +367,27 @@ func TestPlaceRefusesTheRoot(t *testing.T) {
 
 func (h *Host) uses(controller string) bool {
 	return slices.ContainsFunc(h.Hierarchies, func(hier Hierarchy) bool { return hier.has(controller) || (hier.Unified && controller == "") })
+}
+
+// procsOf lists the processes in cgroup in every hierarchy, by hierarchy mount.
+func procsOf(h *Host, cgroup string) (map[string][]int, error) {
+	out := map[string][]int{}
+	for _, hier := range h.Hierarchies {
+		d, err := hier.dir(cgroup)
+		if err != nil {
+			return nil, err
+		}
+		data, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
+		if err != nil {
+			return nil, fmt.Errorf("cgroup %s in %s: %w", cgroup, hier, err)
+		}
+		for _, f := range strings.Fields(string(data)) {
+			pid, err := strconv.Atoi(f)
+			if err != nil {
+				return nil, fmt.Errorf("cgroup %s in %s: %w", cgroup, hier, err)
+			}
+			out[hier.Mount] = append(out[hier.Mount], pid)
+		}
+	}
+	return out, nil
 }

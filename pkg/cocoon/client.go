@@ -110,8 +110,19 @@ type call struct {
 // maxStderr bounds what is kept of a command's log output; the error line is at the end.
 const maxStderr = 64 << 10
 
-// run executes the call and returns stdout. The process runs in its own process group so a timeout
-// also stops whatever cocoon started in the foreground (qemu-img, mkfs).
+// command prepares cocoon with the global flags and args. It runs in its own process group, which
+// cancelling ctx kills whole, so a timeout also stops whatever cocoon started in the foreground.
+func (c *Client) command(ctx context.Context, args []string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, c.opts.Binary, append(c.globalArgs(), args...)...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	// A child that keeps our pipes open must not hang the call after cocoon itself exited.
+	cmd.WaitDelay = 5 * time.Second
+	return cmd
+}
+
+// run executes the call and returns stdout; a timeout also stops what cocoon started in the
+// foreground (qemu-img, mkfs).
 func (c *Client) run(ctx context.Context, cl call) ([]byte, error) {
 	timeout := cl.timeout
 	if timeout <= 0 {
@@ -120,12 +131,7 @@ func (c *Client) run(ctx context.Context, cl call) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 
-	argv := append(c.globalArgs(), cl.args...)
-	cmd := exec.CommandContext(ctx, c.opts.Binary, argv...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	// A child that keeps our pipes open must not hang the call after cocoon itself exited.
-	cmd.WaitDelay = 5 * time.Second
+	cmd := c.command(ctx, cl.args)
 	cmd.Stdin = cl.stdin
 	if len(cl.env) > 0 {
 		cmd.Env = append(os.Environ(), cl.env...)

@@ -9,7 +9,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/syncio"
@@ -23,10 +22,6 @@ type ExecOptions struct {
 	Stdout io.Writer
 	Stderr io.Writer
 }
-
-// ErrExecUnavailable: this cocoon has no vm exec (v0.3.8 and older). Guests are then reached over
-// SSH, or not at all.
-var ErrExecUnavailable = errors.New("this cocoon has no vm exec (cocoon v0.3.8 and older)")
 
 // ExecSupported reports whether the cocoon binary has vm exec (newer releases, through the guest
 // agent). It asks once per binary: the answer cannot change while the binary does not.
@@ -83,10 +78,7 @@ func (c *Client) VMExec(ctx context.Context, id string, argv []string, o ExecOpt
 	args = appendIf(args, o.Stdin != nil, "--interactive")
 	args = append(append(args, id, "--"), argv...)
 
-	cmd := exec.CommandContext(ctx, c.opts.Binary, append(c.globalArgs(), args...)...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.WaitDelay = 5 * time.Second
+	cmd := c.command(ctx, args)
 	// The caller's stdin is copied by our own goroutine, not exec's: exec waits for its copier,
 	// which blocks in Read on a stream the client holds open (an idle terminal) long after the
 	// command has exited. Wait closes the pipe; the copier then ends at the client's next read.

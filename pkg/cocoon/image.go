@@ -16,8 +16,6 @@ func (c *Client) ImageImport(ctx context.Context, r io.Reader, name string) (*Im
 
 // PullOptions tune an image pull.
 type PullOptions struct {
-	// Force re-downloads a cloud image URL (cocoon ignores it for OCI references).
-	Force bool
 	// DockerConfig is a directory holding a docker config.json with the registry's credentials:
 	// cocoon reads credentials only from the docker keychain (DOCKER_CONFIG). Empty: cocoon's
 	// own environment decides.
@@ -27,8 +25,7 @@ type PullOptions struct {
 // ImagePull pulls an OCI image reference (or downloads a cloud image URL) and returns it. cocoon
 // stores the literal reference string, so the same string must be used to run the image.
 func (c *Client) ImagePull(ctx context.Context, ref string, o PullOptions) (*Image, error) {
-	args := appendIf([]string{"image", "pull"}, o.Force, "--force")
-	cl := call{args: append(args, ref), timeout: transferTimeout}
+	cl := call{args: []string{"image", "pull", ref}, timeout: transferTimeout}
 	if o.DockerConfig != "" {
 		cl.env = []string{"DOCKER_CONFIG=" + o.DockerConfig}
 	}

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os/exec"
 	"strconv"
 	"syscall"
 	"time"
@@ -36,12 +35,10 @@ type VMEvent struct {
 func (c *Client) WatchVMs(ctx context.Context, poll time.Duration, fn func(VMEvent)) error {
 	secs := max(int(poll/time.Second), 1)
 	args := []string{"vm", "status", "--event", "--format", "json", "-n", strconv.Itoa(secs)}
-	cmd := exec.CommandContext(ctx, c.opts.Binary, append(c.globalArgs(), args...)...)
+	cmd := c.command(ctx, args)
 	// The stream lives as long as cocoon-cri: if cocoon-cri is killed, the stream must not stay
 	// behind (it has no other reason to end while no VM changes).
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.WaitDelay = 5 * time.Second
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
 	stderr := &tailBuffer{max: maxStderr}
 	cmd.Stderr = stderr
 	stdout, err := cmd.StdoutPipe()

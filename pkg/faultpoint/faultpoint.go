@@ -33,7 +33,8 @@ const (
 var All = []string{SandboxRecorded, SandboxNetNSCreated, SandboxCNIAdded, SandboxCocoonReady}
 
 var (
-	enabled            = os.Getenv(EnvVar) != "" || os.Getenv(TraceEnvVar) != ""
+	tracePath          = os.Getenv(TraceEnvVar)
+	enabled            = os.Getenv(EnvVar) != "" || tracePath != ""
 	targetName, target = parseTarget(os.Getenv(EnvVar))
 	mu                 sync.Mutex
 	passes             = map[string]int{}
@@ -61,9 +62,9 @@ func Hit(name string) {
 	mu.Lock()
 	passes[name]++
 	pass := passes[name]
-	if path := os.Getenv(TraceEnvVar); path != "" {
+	if tracePath != "" {
 		if trace == nil {
-			trace, _ = os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644) //nolint:gosec // test-only trace
+			trace, _ = os.OpenFile(tracePath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644) //nolint:gosec // test-only trace
 		}
 		if trace != nil {
 			_, _ = fmt.Fprintln(trace, name)

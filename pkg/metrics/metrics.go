@@ -114,9 +114,6 @@ func New(st *store.Store, version string) *Metrics {
 	return m
 }
 
-// Registry is the registry the metrics are in, for tests and for serving them elsewhere.
-func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
-
 // CocoonCall records one cocoon command; it has the signature of pkg/cocoon's Options.Observe.
 func (m *Metrics) CocoonCall(subcommand string, took time.Duration, err error) {
 	m.cocoonSeconds.WithLabelValues(subcommand).Observe(took.Seconds())
