@@ -224,7 +224,10 @@ func (r streamRuntime) Attach(ctx context.Context, containerID string, in io.Rea
 		if !tty {
 			follow(cio.main.stderr.Subscribe, errw)
 		}
-		stdin, inputDone = cio.main.attachStdin()
+		if in != nil {
+			// Only a session with input takes a StdinOnce container's one stdin.
+			stdin, inputDone = cio.main.attachStdin()
+		}
 	} else {
 		follow(cio.console.Subscribe, out)
 		stdin = cio.console

@@ -246,6 +246,10 @@ func TestAttachFeedsTheCommandsStdin(t *testing.T) {
 	cfg := containerConfig("shell", snapRef)
 	cfg.Command, cfg.Stdin, cfg.StdinOnce = []string{"/bin/sh"}, true, true
 	ctrID := n.startContainer(podID, podFile, cfg)
+	// A session without input (a log follower) does not use up the container's one stdin.
+	watch, stop := context.WithTimeout(context.Background(), 2*time.Second)
+	defer stop()
+	n.stream(watch, n.attachURL(&runtimeapi.AttachRequest{ContainerId: ctrID, Stdout: true, Stderr: true}), nil, streamOpts{stderr: true})
 	// The session ends when the shell does: StdinOnce closes its stdin with the session's.
 	out, err := n.crictlWithStdin(strings.NewReader("echo hello\n"), "attach", "-i", ctrID)
 	if err != nil || !strings.Contains(out, "hello") {
