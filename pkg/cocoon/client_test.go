@@ -53,7 +53,7 @@ func fakeCocoon(t *testing.T, responses ...response) (*Client, string) {
 		b.WriteString("*\"" + r.match + "\"*)\n")
 		if r.sleep != "" {
 			// A grandchild that outlives the shell shows the whole process group is stopped.
-			b.WriteString("  sleep " + r.sleep + " & echo $! > \"" + dir + "/child.pid\"; wait\n")
+			b.WriteString("  echo $$ > \"" + dir + "/shell.pid\"; sleep " + r.sleep + " & echo $! > \"" + dir + "/child.pid\"; wait\n")
 		}
 		b.WriteString("  cat \"" + dir + "/out" + itoa(i) + "\"; cat \"" + dir + "/err" + itoa(i) + "\" >&2; exit " + itoa(r.code) + ";;\n")
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime"
 	"strconv"
 	"syscall"
 	"time"
@@ -39,6 +40,11 @@ func (c *Client) WatchVMs(ctx context.Context, poll time.Duration, fn func(VMEve
 	// The stream lives as long as cocoon-cri: if cocoon-cri is killed, the stream must not stay
 	// behind (it has no other reason to end while no VM changes).
 	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+	// The kernel sends that signal when the starting *thread* ends, and the Go runtime ends
+	// threads whose goroutine exits locked (the netns set-up does so on purpose). Holding this
+	// thread until the stream ends keeps it out of anyone else's hands.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	stderr := &tailBuffer{max: maxStderr}
 	cmd.Stderr = stderr
 	stdout, err := cmd.StdoutPipe()

@@ -2,7 +2,11 @@ package cocoon
 
 import (
 	"context"
+	"os"
+	"path/filepath"
+	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -50,5 +54,55 @@ func TestWatchVMsEndsWithItsContext(t *testing.T) {
 		}
 	case <-time.After(time.Minute):
 		t.Fatal("WatchVMs outlived its context")
+	}
+}
+
+// The stream's parent-death signal belongs to the OS thread that started it. Code that retires
+// its thread (a locked goroutine that ends, as the netns set-up does) must not take the stream
+// with it.
+func TestWatchVMsOutlivesRetiredThreads(t *testing.T) {
+	c, dir := fakeCocoon(t, response{match: "vm status", sleep: "30"})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- c.WatchVMs(ctx, time.Second, func(VMEvent) {}) }()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Stat(filepath.Join(dir, "child.pid")); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the fake cocoon vm status never started")
+		}
+	}
+	// Goroutines that hold their threads while they wait use up the idle ones, the stream's
+	// starter among them; all of those threads end with them.
+	var ready sync.WaitGroup
+	release := make(chan struct{})
+	for range 64 {
+		ready.Add(1)
+		go func() {
+			runtime.LockOSThread()
+			ready.Done()
+			<-release
+		}()
+	}
+	ready.Wait()
+	close(release)
+	shell, err := os.ReadFile(filepath.Join(dir, "shell.pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Killed, the fake stays a zombie: its sleeping child holds the pipe, so no one reaps it yet.
+	time.Sleep(100 * time.Millisecond)
+	stat, err := os.ReadFile(filepath.Join("/proc", strings.TrimSpace(string(shell)), "stat"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:])); fields[0] != "S" {
+		t.Fatalf("the stream's process is in state %s after other goroutines retired their threads, want S (alive, waiting)", fields[0])
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("WatchVMs after cancel: %v", err)
 	}
 }
