@@ -22,7 +22,8 @@ setup:
 	./hack/setup-realguest.sh
 	./hack/setup-erofs.sh
 
-# crictl and critest, pinned in test/tools/go.mod, built once per version.
+# crictl and critest (pinned in test/tools/go.mod) and the kubelet (test/tools/kubelet/go.mod),
+# built once per version.
 tools:
 	./hack/build-tools.sh
 
@@ -32,12 +33,14 @@ vet:
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "not gofmt-clean:"; echo "$$out"; exit 1; fi
 
-# Every test, with the race detector. The end-to-end suites drive bin/crictl and bin/critest
-# against cocoon-cri on the simulator.
+# Every test, with the race detector. The end-to-end suites drive bin/crictl, bin/critest and
+# bin/kubelet against cocoon-cri on the simulator.
 test: setup tools fmt-check vet
 	COCOON_CRI_BIN=$(BIN) $(GO) test -race -count=1 -timeout 40m ./...
 
-demo: setup tools build
+# The demo needs only crictl of the tools.
+demo: setup build
+	./hack/build-tools.sh crictl
 	./hack/demo.sh
 
 bench:

@@ -1,26 +1,60 @@
 #!/usr/bin/env bash
-# Builds the pinned test clients (crictl, critest) from test/tools into bin/.
+# Builds the pinned test clients into bin/: crictl and critest from test/tools, the kubelet from
+# test/tools/kubelet (a module of its own: k8s.io/kubernetes pins its staging modules with replace
+# directives that crictl's module must not inherit). With arguments, only the tools named.
 # A stamp per binary records the version it was built from, so a repeat run is a no-op.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin="$PWD/bin"
 mkdir -p "$bin"
 
-version=$(cd test/tools && go list -m -f '{{.Version}}' sigs.k8s.io/cri-tools)
-version=${version#v}
-[ -n "$version" ] || { echo "build-tools: cri-tools is not pinned in test/tools/go.mod" >&2; exit 1; }
-ldflags="-X sigs.k8s.io/cri-tools/pkg/version.Version=$version"
+# pinned MODULE_DIR MODULE prints the version of MODULE that MODULE_DIR's go.mod pins.
+pinned() {
+  local v
+  v=$(cd "$1" && go list -m -f '{{.Version}}' "$2")
+  [ -n "$v" ] || { echo "build-tools: $2 is not pinned in $1/go.mod" >&2; exit 1; }
+  echo "$v"
+}
 
-current() { [ -x "$bin/$1" ] && [ "$(cat "$bin/.$1.version" 2>/dev/null)" = "$version" ]; }
+# build NAME VERSION MODULE_DIR GO_ARGS... runs `go GO_ARGS -o bin/NAME` in MODULE_DIR unless
+# bin/NAME was already built from VERSION.
+build() {
+  local name=$1 version=$2 dir=$3
+  shift 3
+  if [ -x "$bin/$name" ] && [ "$(cat "$bin/.$name.version" 2>/dev/null)" = "$version" ]; then
+    return
+  fi
+  echo "build-tools: building $name $version"
+  (cd "$dir" && go "$@" -trimpath -o "$bin/$name")
+  echo "$version" > "$bin/.$name.version"
+}
 
-cd test/tools
-if ! current crictl; then
-  echo "build-tools: building crictl $version (a few minutes on a cold module cache)"
-  go build -trimpath -ldflags "$ldflags" -o "$bin/crictl" sigs.k8s.io/cri-tools/cmd/crictl
-  echo "$version" > "$bin/.crictl.version"
-fi
-if ! current critest; then
-  echo "build-tools: building critest $version"
-  go test -c -trimpath -ldflags "$ldflags" -o "$bin/critest" sigs.k8s.io/cri-tools/cmd/critest
-  echo "$version" > "$bin/.critest.version"
-fi
+tools=("$@")
+[ ${#tools[@]} -gt 0 ] || tools=(crictl critest kubelet)
+for tool in "${tools[@]}"; do
+  case $tool in
+    crictl|critest)
+      v=$(pinned test/tools sigs.k8s.io/cri-tools)
+      v=${v#v}
+      ld="-X sigs.k8s.io/cri-tools/pkg/version.Version=$v"
+      if [ "$tool" = crictl ]; then
+        build crictl "$v" test/tools build -ldflags "$ld" sigs.k8s.io/cri-tools/cmd/crictl
+      else
+        build critest "$v" test/tools test -c -ldflags "$ld" sigs.k8s.io/cri-tools/cmd/critest
+      fi
+      ;;
+    kubelet)
+      # About 10 minutes on a cold build cache.
+      v=$(pinned test/tools/kubelet k8s.io/kubernetes)
+      minor=${v#v1.}
+      minor=${minor%%.*}
+      build kubelet "$v" test/tools/kubelet build \
+        -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$v -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor" \
+        k8s.io/kubernetes/cmd/kubelet
+      ;;
+    *)
+      echo "build-tools: unknown tool $tool (crictl, critest, kubelet)" >&2
+      exit 1
+      ;;
+  esac
+done
