@@ -15,7 +15,7 @@ import (
 
 // bins are the executables under test, built once for the package.
 var bins struct {
-	cocoonCRI, cocoonSim, crictl, critest string
+	cocoonCRI, cocoonSim, crictl, critest, kubelet string
 }
 
 func TestMain(m *testing.M) {
@@ -65,8 +65,8 @@ func run(m *testing.M) int {
 	if toolDir == "" {
 		toolDir = filepath.Join(root, "bin")
 	}
-	bins.crictl, bins.critest = filepath.Join(toolDir, "crictl"), filepath.Join(toolDir, "critest")
-	for _, tool := range []string{bins.crictl, bins.critest} {
+	bins.crictl, bins.critest, bins.kubelet = filepath.Join(toolDir, "crictl"), filepath.Join(toolDir, "critest"), filepath.Join(toolDir, "kubelet")
+	for _, tool := range []string{bins.crictl, bins.critest, bins.kubelet} {
 		if _, err := os.Stat(tool); err != nil {
 			fmt.Fprintf(os.Stderr, "e2e: %s is missing: run make tools (make test does)\n", tool)
 			return 1

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"io"
 	"net"
 	"net/http"
@@ -16,6 +17,10 @@ import (
 	"k8s.io/client-go/tools/remotecommand"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
+
+// kubeletClientConfig reaches cocoon-cri's stream server (plain HTTP) and the test kubelet's API
+// (HTTPS with a self-signed certificate made at its start).
+var kubeletClientConfig = &rest.Config{TLSClientConfig: rest.TLSClientConfig{Insecure: true}}
 
 // streamResult is what a stream printed.
 type streamResult struct {
@@ -39,9 +44,9 @@ func (n *node) stream(ctx context.Context, rawURL string, stdin io.Reader, want 
 	}
 	var executor remotecommand.Executor
 	if want.websocket {
-		executor, err = remotecommand.NewWebSocketExecutorForProtocols(&rest.Config{}, "GET", rawURL, "v4.channel.k8s.io")
+		executor, err = remotecommand.NewWebSocketExecutorForProtocols(kubeletClientConfig, "GET", rawURL, "v4.channel.k8s.io")
 	} else {
-		executor, err = remotecommand.NewSPDYExecutor(&rest.Config{}, "POST", u)
+		executor, err = remotecommand.NewSPDYExecutor(kubeletClientConfig, "POST", u)
 	}
 	if err != nil {
 		n.t.Fatal(err)
@@ -138,6 +143,7 @@ func within() (context.Context, context.CancelFunc) {
 func (n *node) httpGetInNode(url string) (status int, body string, err error) {
 	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
 		DisableKeepAlives: true,
+		TLSClientConfig:   &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // the test kubelet's self-signed certificate
 		DialContext: func(ctx context.Context, network, addr string) (conn net.Conn, err error) {
 			nsErr := ns.WithNetNSPath(n.nodeNS, func(ns.NetNS) error {
 				var d net.Dialer

@@ -1,5 +1,6 @@
 // Package hostguard checks that a test run left the host's own files alone: simulated guests write
-// their /etc files and run commands as root, so a mistake there could change the host itself.
+// their /etc files and run commands as root, and the kubelet the conformance test runs sets global
+// sysctls and creates directories, so a mistake there could change the host itself.
 package hostguard
 
 import (
@@ -9,22 +10,45 @@ import (
 	"syscall"
 )
 
-// guarded are the host files guests have their own copies of.
-var guarded = []string{"/etc/hosts", "/etc/hostname", "/etc/resolv.conf"}
+// KubeletSysctls are the global kernel settings (under /proc/sys) a kubelet sets when it starts:
+// pkg/kubelet/cm/container_manager_linux.go, setupKernelTunables.
+var KubeletSysctls = []string{
+	"vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
+	"kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes",
+}
+
+// guarded are the host files guests have their own copies of, and the kubelet's sysctls.
+var guarded = append([]string{"/etc/hosts", "/etc/hostname", "/etc/resolv.conf"}, sysctlPaths()...)
+
+func sysctlPaths() []string {
+	paths := make([]string, len(KubeletSysctls))
+	for i, s := range KubeletSysctls {
+		paths[i] = "/proc/sys/" + s
+	}
+	return paths
+}
+
+// kubeletDirs are the host directories a kubelet makes whatever its flags say.
+var kubeletDirs = []string{"/var/log/containers", "/var/log/pods", "/var/lib/kubelet"}
 
 // State is what the host looked like before the run.
 type State struct {
-	files map[string][]byte
+	files  map[string][]byte
+	exists map[string]bool
 }
 
-// Snapshot records the guarded files.
+// Snapshot records the guarded files and whether the kubelet's directories exist.
 func Snapshot() State {
-	s := State{files: map[string][]byte{}}
+	s := State{files: map[string][]byte{}, exists: map[string]bool{}}
 	for _, f := range guarded {
 		data, err := os.ReadFile(f)
 		if err == nil {
 			s.files[f] = data
 		}
+	}
+	for _, d := range kubeletDirs {
+		_, err := os.Lstat(d)
+		s.exists[d] = err == nil
 	}
 	return s
 }
@@ -42,6 +66,11 @@ func (s State) Check() error {
 		after, err := os.ReadFile(f)
 		if err != nil || !bytes.Equal(before, after) {
 			return fmt.Errorf("the host's %s changed during the run", f)
+		}
+	}
+	for d, before := range s.exists {
+		if _, err := os.Lstat(d); (err == nil) != before {
+			return fmt.Errorf("the host's %s was created or removed during the run", d)
 		}
 	}
 	return nil
