@@ -16,16 +16,16 @@ pinned() {
   echo "$v"
 }
 
-# build NAME VERSION MODULE_DIR GO_ARGS... runs `go GO_ARGS -o bin/NAME` in MODULE_DIR unless
-# bin/NAME was already built from VERSION.
+# build NAME VERSION MODULE_DIR PACKAGE GO_ARGS... runs `go GO_ARGS -trimpath -o bin/NAME PACKAGE`
+# in MODULE_DIR unless bin/NAME was already built from VERSION.
 build() {
-  local name=$1 version=$2 dir=$3
-  shift 3
+  local name=$1 version=$2 dir=$3 pkg=$4
+  shift 4
   if [ -x "$bin/$name" ] && [ "$(cat "$bin/.$name.version" 2>/dev/null)" = "$version" ]; then
     return
   fi
   echo "build-tools: building $name $version"
-  (cd "$dir" && go "$@" -trimpath -o "$bin/$name")
+  (cd "$dir" && go "$@" -trimpath -o "$bin/$name" "$pkg")
   echo "$version" > "$bin/.$name.version"
 }
 
@@ -38,9 +38,9 @@ for tool in "${tools[@]}"; do
       v=${v#v}
       ld="-X sigs.k8s.io/cri-tools/pkg/version.Version=$v"
       if [ "$tool" = crictl ]; then
-        build crictl "$v" test/tools build -ldflags "$ld" sigs.k8s.io/cri-tools/cmd/crictl
+        build crictl "$v" test/tools sigs.k8s.io/cri-tools/cmd/crictl build -ldflags "$ld"
       else
-        build critest "$v" test/tools test -c -ldflags "$ld" sigs.k8s.io/cri-tools/cmd/critest
+        build critest "$v" test/tools sigs.k8s.io/cri-tools/cmd/critest test -c -ldflags "$ld"
       fi
       ;;
     kubelet)
@@ -48,9 +48,8 @@ for tool in "${tools[@]}"; do
       v=$(pinned test/tools/kubelet k8s.io/kubernetes)
       minor=${v#v1.}
       minor=${minor%%.*}
-      build kubelet "$v" test/tools/kubelet build \
-        -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$v -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor" \
-        k8s.io/kubernetes/cmd/kubelet
+      build kubelet "$v" test/tools/kubelet k8s.io/kubernetes/cmd/kubelet build \
+        -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$v -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
       ;;
     *)
       echo "build-tools: unknown tool $tool (crictl, critest, kubelet)" >&2
