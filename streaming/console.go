@@ -15,6 +15,8 @@ import (
 
 	"golang.org/x/sys/unix"
 	"golang.org/x/term"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/syncio"
 )
 
 // FindConsole asks the VM's cloud-hypervisor (its API socket, which cocoon reports as
@@ -103,15 +105,15 @@ type Console struct {
 	log  *slog.Logger
 
 	out  *Broadcast
+	tail *syncio.Tail
 	mu   sync.Mutex
 	conn io.ReadWriteCloser
-	tail []byte
 	done chan struct{}
 }
 
 // NewConsole returns a console that reads through open once Run is called.
 func NewConsole(open Opener, sink io.Writer, log *slog.Logger) *Console {
-	return &Console{open: open, sink: sink, log: log, out: NewBroadcast(), done: make(chan struct{})}
+	return &Console{open: open, sink: sink, log: log, out: NewBroadcast(), tail: &syncio.Tail{Max: consoleTail}, done: make(chan struct{})}
 }
 
 // Run reads the console until ctx ends, reconnecting when the connection drops.
@@ -157,12 +159,7 @@ func (c *Console) dispatch(p []byte) {
 			c.log.Warn("writing the console to the container log failed", "err", err)
 		}
 	}
-	c.mu.Lock()
-	c.tail = append(c.tail, p...)
-	if over := len(c.tail) - consoleTail; over > 0 {
-		c.tail = append(c.tail[:0], c.tail[over:]...)
-	}
-	c.mu.Unlock()
+	_, _ = c.tail.Write(p)
 	_, _ = c.out.Write(p)
 }
 
@@ -188,11 +185,7 @@ func (c *Console) Write(p []byte) (int, error) {
 func (c *Console) Subscribe() (<-chan []byte, func()) { return c.out.Subscribe() }
 
 // Tail is the most recent console output.
-func (c *Console) Tail() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return string(c.tail)
-}
+func (c *Console) Tail() string { return c.tail.String() }
 
 func sleepCtx(ctx context.Context, d time.Duration) {
 	t := time.NewTimer(d)

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/faultpoint"
+	"github.com/cocoonstack/cocoon-cri/pkg/syncio"
 )
 
 // DefaultTimeout bounds a cocoon call whose caller gives no shorter deadline. cocoon commands are
@@ -137,7 +138,7 @@ func (c *Client) run(ctx context.Context, cl call) ([]byte, error) {
 		cmd.Env = append(os.Environ(), cl.env...)
 	}
 	var stdout bytes.Buffer
-	stderr := &tailBuffer{max: maxStderr}
+	stderr := &syncio.Tail{Max: maxStderr}
 	cmd.Stdout = &stdout
 	cmd.Stderr = stderr
 
@@ -222,19 +223,3 @@ func queryList[T any](ctx context.Context, c *Client, args ...string) ([]T, erro
 	}
 	return items, nil
 }
-
-// tailBuffer keeps the last max bytes written to it.
-type tailBuffer struct {
-	max int
-	buf []byte
-}
-
-func (t *tailBuffer) Write(p []byte) (int, error) {
-	t.buf = append(t.buf, p...)
-	if over := len(t.buf) - t.max; over > 0 {
-		t.buf = append(t.buf[:0], t.buf[over:]...)
-	}
-	return len(p), nil
-}
-
-func (t *tailBuffer) String() string { return string(t.buf) }

@@ -91,7 +91,7 @@ func (c *Client) VMExec(ctx context.Context, id string, argv []string, o ExecOpt
 	}
 	// cocoon's own error line arrives on the same stream as the command's stderr; the tail tells
 	// them apart.
-	tail := &tailBuffer{max: 4 << 10}
+	tail := &syncio.Tail{Max: 4 << 10}
 	stderr := io.Writer(tail)
 	if o.Stderr != nil {
 		stderr = io.MultiWriter(o.Stderr, tail)

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/syncio"
 )
 
 // VMEventType is what happened to a VM, as vm status --event names it.
@@ -45,7 +47,7 @@ func (c *Client) WatchVMs(ctx context.Context, poll time.Duration, fn func(VMEve
 	// thread until the stream ends keeps it out of anyone else's hands.
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	stderr := &tailBuffer{max: maxStderr}
+	stderr := &syncio.Tail{Max: maxStderr}
 	cmd.Stderr = stderr
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {

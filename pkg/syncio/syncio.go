@@ -1,4 +1,5 @@
-// Package syncio serialises writers that several goroutines write to at once.
+// Package syncio holds writers that several goroutines may write to at once: serialised writers
+// and a buffer that keeps the tail of what it is given.
 package syncio
 
 import (
@@ -31,4 +32,30 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
+}
+
+// Tail is a writer that keeps the last Max bytes written to it (a command's stderr for an error
+// message, a console's recent output). Its methods may be called from several goroutines.
+type Tail struct {
+	Max int
+
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (t *Tail) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.buf = append(t.buf, p...)
+	if over := len(t.buf) - t.Max; over > 0 {
+		t.buf = append(t.buf[:0], t.buf[over:]...)
+	}
+	return len(p), nil
+}
+
+// String is the kept tail.
+func (t *Tail) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return string(t.buf)
 }

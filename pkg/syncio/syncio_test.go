@@ -44,3 +44,15 @@ func TestSerializeDiscardsNil(t *testing.T) {
 		t.Fatalf("Write = %d, %v", n, err)
 	}
 }
+
+func TestTailKeepsTheLastBytes(t *testing.T) {
+	tail := &Tail{Max: 8}
+	for _, w := range []string{"hello ", "wide ", "world"} {
+		if n, err := tail.Write([]byte(w)); n != len(w) || err != nil {
+			t.Fatalf("Write(%q) = %d, %v", w, n, err)
+		}
+	}
+	if got := tail.String(); got != "de world" {
+		t.Fatalf("tail %q, want the last 8 bytes %q", got, "de world")
+	}
+}

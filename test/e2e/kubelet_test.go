@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -114,13 +113,7 @@ func (k *kubelet) stop() {
 	if k.cmd == nil {
 		return
 	}
-	_ = k.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-k.exited:
-	case <-time.After(30 * time.Second):
-		_ = k.cmd.Process.Kill()
-		<-k.exited
-	}
+	terminate(k.cmd.Process, k.exited)
 	k.cmd = nil
 	if k.n.t.Failed() {
 		data, _ := os.ReadFile(k.logFile)

@@ -213,13 +213,7 @@ func (n *node) restart() {
 // cleanup stops the daemon and whatever it left: guest processes, namespaces, files.
 func (n *node) cleanup() {
 	if n.daemon != nil {
-		_ = n.daemon.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-n.exited:
-		case <-time.After(30 * time.Second):
-			_ = n.daemon.Process.Kill()
-			<-n.exited
-		}
+		terminate(n.daemon.Process, n.exited)
 		n.daemon = nil
 	}
 	if err := cocoonsim.KillGuests(n.runDir); err != nil {
@@ -240,6 +234,18 @@ func (n *node) cleanup() {
 	}
 	if err := os.RemoveAll(n.dir); err != nil {
 		n.t.Errorf("remove node dir: %v", err)
+	}
+}
+
+// terminate stops a process the test started: SIGTERM, and SIGKILL if it is still there after
+// 30 s. exited reports its end.
+func terminate(p *os.Process, exited <-chan error) {
+	_ = p.Signal(syscall.SIGTERM)
+	select {
+	case <-exited:
+	case <-time.After(30 * time.Second):
+		_ = p.Kill()
+		<-exited
 	}
 }
 

@@ -7,8 +7,9 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"time"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/syncio"
 )
 
 // controlPoll is how often Run retries QEMU's control socket while QEMU sets up.
@@ -18,7 +19,7 @@ const controlPoll = 20 * time.Millisecond
 type Process struct {
 	cmd     *exec.Cmd
 	qmpSock string
-	stderr  *tailBuffer
+	stderr  *syncio.Tail
 	done    chan struct{}
 	err     error // how QEMU ended; set before done is closed
 }
@@ -77,7 +78,7 @@ func (p *Process) wait(dir string) {
 		err = errors.Join(err, fmt.Errorf("remove %s: %w", dir, rmErr))
 	}
 	if err != nil {
-		err = fmt.Errorf("qemu exited: %w%s", err, p.stderr.suffix())
+		err = fmt.Errorf("qemu exited: %w%s", err, p.stderrSuffix())
 	}
 	p.err = err
 	close(p.done)
@@ -106,28 +107,9 @@ func (p *Process) awaitControl(ctx context.Context) error {
 	}
 }
 
-// tailBuffer keeps the last max bytes written to it: QEMU's stderr, for error messages.
-type tailBuffer struct {
-	mu  sync.Mutex
-	max int
-	buf []byte
-}
-
-func (t *tailBuffer) Write(b []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.buf = append(t.buf, b...)
-	if over := len(t.buf) - t.max; over > 0 {
-		t.buf = t.buf[over:]
-	}
-	return len(b), nil
-}
-
-// suffix is ": <stderr>" for an error message, or nothing when QEMU said nothing.
-func (t *tailBuffer) suffix() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	s := strings.TrimSpace(string(t.buf))
+// stderrSuffix is ": <stderr>" for an error message, or nothing when QEMU said nothing.
+func (p *Process) stderrSuffix() string {
+	s := strings.TrimSpace(p.stderr.String())
 	if s == "" {
 		return ""
 	}

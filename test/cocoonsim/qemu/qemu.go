@@ -24,6 +24,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"syscall"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/syncio"
 )
 
 // DefaultBinary is the QEMU that runs the guest, looked up in PATH.
@@ -86,7 +88,7 @@ func Run(ctx context.Context, cfg Config) (*Process, error) {
 		return nil, fmt.Errorf("qemu: create socket dir: %w", err)
 	}
 	qmpSock := filepath.Join(dir, "qmp.sock")
-	stderr := &tailBuffer{max: stderrTail}
+	stderr := &syncio.Tail{Max: stderrTail}
 	cmd := exec.Command(binary, args(cfg, qmpSock)...)
 	cmd.Stdout = cfg.Console
 	cmd.Stderr = stderr
