@@ -33,11 +33,11 @@ type Process struct {
 	StartTicks  uint64
 	MinorFaults uint64
 	MajorFaults uint64
-	// Resident memory in bytes: RSS is all of it; Anon, File and Shmem its parts.
-	RSS, RSSAnon, RSSFile, RSSShmem uint64
+	// Resident memory in bytes: RSS is all of it, RSSAnon and RSSShmem the parts a VM's guest
+	// memory lives in (file-backed pages can be dropped and reread).
+	RSS, RSSAnon, RSSShmem uint64
 	// Swap is the bytes swapped out.
-	Swap    uint64
-	Threads uint64
+	Swap uint64
 }
 
 // ReadProcess samples process pid under procRoot ("/proc" on a host). A process that is gone,
@@ -73,10 +73,8 @@ func ReadProcess(procRoot string, pid int) (*Process, error) {
 		MajorFaults: st.MajFlt,
 		RSS:         status.VmRSS,
 		RSSAnon:     status.RssAnon,
-		RSSFile:     status.RssFile,
 		RSSShmem:    status.RssShmem,
 		Swap:        status.VmSwap,
-		Threads:     status.Threads,
 	}, nil
 }
 
@@ -150,16 +148,14 @@ func ParseStat(data []byte) (Stat, error) {
 
 // Status is the part of /proc/<pid>/status used here, memory in bytes.
 type Status struct {
-	VmRSS, RssAnon, RssFile, RssShmem, VmSwap uint64
-	Threads                                   uint64
+	VmRSS, RssAnon, RssShmem, VmSwap uint64
 }
 
 // ParseStatus parses /proc/<pid>/status. Kernel threads have no Vm* lines; they read as zero.
 func ParseStatus(data []byte) (Status, error) {
 	var st Status
 	fields := map[string]*uint64{
-		"VmRSS": &st.VmRSS, "RssAnon": &st.RssAnon, "RssFile": &st.RssFile, "RssShmem": &st.RssShmem,
-		"VmSwap": &st.VmSwap, "Threads": &st.Threads,
+		"VmRSS": &st.VmRSS, "RssAnon": &st.RssAnon, "RssShmem": &st.RssShmem, "VmSwap": &st.VmSwap,
 	}
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	for sc.Scan() {

@@ -57,12 +57,12 @@ func TestParseStatus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Status{VmRSS: 47000 << 10, RssAnon: 40000 << 10, RssFile: 6000 << 10, RssShmem: 1000 << 10, VmSwap: 12 << 10, Threads: 9}
+	want := Status{VmRSS: 47000 << 10, RssAnon: 40000 << 10, RssShmem: 1000 << 10, VmSwap: 12 << 10}
 	if st != want {
 		t.Fatalf("ParseStatus = %+v, want %+v", st, want)
 	}
 	// A kernel thread has no memory lines.
-	if st, err := ParseStatus([]byte("Name:\tkthreadd\nThreads:\t1\n")); err != nil || st != (Status{Threads: 1}) {
+	if st, err := ParseStatus([]byte("Name:\tkthreadd\nThreads:\t1\n")); err != nil || st != (Status{}) {
 		t.Fatalf("kernel thread: %+v, %v", st, err)
 	}
 	if _, err := ParseStatus([]byte("VmRSS:\t12 MB\n")); err == nil {
@@ -115,7 +115,7 @@ func TestReadProcess(t *testing.T) {
 	}
 	want := Process{
 		CPUNanos: 375 * 10_000_000, StartTicks: 1351829, MinorFaults: 1500, MajorFaults: 7,
-		RSS: 47000 << 10, RSSAnon: 40000 << 10, RSSFile: 6000 << 10, RSSShmem: 1000 << 10, Swap: 12 << 10, Threads: 9,
+		RSS: 47000 << 10, RSSAnon: 40000 << 10, RSSShmem: 1000 << 10, Swap: 12 << 10,
 	}
 	if *p != want {
 		t.Fatalf("ReadProcess = %+v, want %+v", *p, want)
@@ -144,7 +144,7 @@ func TestReadsThisProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.RSS == 0 || p.Threads == 0 || p.StartTicks == 0 {
+	if p.RSS == 0 || p.RSSAnon == 0 || p.StartTicks == 0 {
 		t.Fatalf("this process: %+v", p)
 	}
 	if _, err := ReadNetDev("/proc", os.Getpid()); err != nil {
