@@ -4,12 +4,10 @@ import (
 	"context"
 	"errors"
 	"io/fs"
-	"path/filepath"
 	"strings"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
 	"github.com/cocoonstack/cocoon-cri/pkg/vmstats"
 	"github.com/cocoonstack/cocoon-cri/tapmanager"
@@ -200,12 +198,12 @@ func (s *Server) hypervisor(c *store.Container) *vmstats.Process {
 	return proc
 }
 
-// writableLayer is the VM's writable disk: the blocks it has allocated, on the filesystem of
-// cocoon's run dir (the container filesystem ImageFsInfo reports). It is there from the VM's
-// creation to its removal, so stopped containers count too.
+// writableLayer is the VM's writable disk, as cocoon reported it at start: the blocks it has
+// allocated, on the filesystem of cocoon's run dir (the container filesystem ImageFsInfo
+// reports). It is there from the VM's start to its removal, so stopped containers count too.
 func (s *Server) writableLayer(c *store.Container, now int64) *runtimeapi.FilesystemUsage {
 	var used, inodes uint64
-	if path := s.cowPath(c); path != "" {
+	if path := c.VM.COWPath; path != "" {
 		b, err := vmstats.AllocatedBytes(path)
 		switch {
 		case err == nil:
@@ -220,25 +218,6 @@ func (s *Server) writableLayer(c *store.Container, now int64) *runtimeapi.Filesy
 		UsedBytes:  u64(used),
 		InodesUsed: u64(inodes),
 	}
-}
-
-// cowPath is the VM's writable disk: as cocoon reported it at start, or, for a VM started before
-// it was recorded, where cocoon keeps it (<run>/<backend>/<VM ID>/, cocoon-contract section 2).
-func (s *Server) cowPath(c *store.Container) string {
-	if c.VM.COWPath != "" || c.VM.ID == "" {
-		return c.VM.COWPath
-	}
-	backend := "cloudhypervisor"
-	if c.VM.Backend == cocoon.HypervisorFirecracker {
-		backend = "firecracker"
-	}
-	dir := filepath.Join(s.images.ContainersDir(), backend, c.VM.ID)
-	for _, name := range []string{"cow.raw", "overlay.qcow2"} {
-		if _, err := vmstats.AllocatedBytes(filepath.Join(dir, name)); err == nil {
-			return filepath.Join(dir, name)
-		}
-	}
-	return ""
 }
 
 // podNetwork reads the pod interface: in the namespace of the running VM's hypervisor, which

@@ -89,9 +89,9 @@ func TestStatsFromTheHypervisorProcess(t *testing.T) {
 	addSandbox(t, s, "pod1", store.SandboxReady)
 	addSandbox(t, s, "pod2", store.SandboxNotReady)
 	startedAt := s.now() - 1e9
-	// running: a live hypervisor, its disk found where cocoon keeps it (no path recorded).
+	// running: a live hypervisor and its writable disk, as recorded at start.
 	addContainer(t, s, &store.Container{ID: "running", SandboxID: "pod1", State: store.ContainerRunning, StartedAt: startedAt,
-		VM: store.VM{ID: "vm1", PID: pid, PIDStart: start}})
+		VM: store.VM{ID: "vm1", PID: pid, PIDStart: start, COWPath: cow}})
 	// reused: the recorded PID now names another process.
 	addContainer(t, s, &store.Container{ID: "reused", SandboxID: "pod1", State: store.ContainerRunning, StartedAt: startedAt,
 		VM: store.VM{ID: "vm2", PID: pid, PIDStart: start + 1}})
