@@ -15,6 +15,7 @@ import (
 	"github.com/cocoonstack/cocoon-cri/imagestore"
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
+	"github.com/cocoonstack/cocoon-cri/pkg/store/storetest"
 	"github.com/cocoonstack/cocoon-cri/pkg/vmstats"
 	"github.com/cocoonstack/cocoon-cri/tapmanager"
 )
@@ -23,11 +24,7 @@ import (
 func statsServer(t *testing.T) (*Server, string) {
 	t.Helper()
 	dir := t.TempDir()
-	st, err := store.Open(filepath.Join(dir, "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st := storetest.Open(t)
 	runDir := filepath.Join(dir, "run")
 	cc := cocoon.New(cocoon.Options{Binary: "/nonexistent/cocoon"})
 	images, err := imagestore.New(st, cc, slog.New(slog.DiscardHandler), imagestore.Dirs{Root: dir, Run: runDir}, imagestore.PullOptions{})

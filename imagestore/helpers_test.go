@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
-	"github.com/cocoonstack/cocoon-cri/pkg/store"
+	"github.com/cocoonstack/cocoon-cri/pkg/store/storetest"
 	"github.com/cocoonstack/cocoon-cri/test/registry"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
 )
@@ -49,11 +49,7 @@ type testNode struct {
 func newTestNode(t testing.TB, opts PullOptions) *testNode {
 	t.Helper()
 	dir := t.TempDir()
-	st, err := store.Open(filepath.Join(dir, "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st := storetest.Open(t)
 	cc := cocoon.New(cocoon.Options{
 		Binary: simulator, RootDir: filepath.Join(dir, "root"), RunDir: filepath.Join(dir, "run"), LogDir: filepath.Join(dir, "log"),
 	})

@@ -1,7 +1,6 @@
 package streaming
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -16,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/syncio"
 )
 
 // openPTY makes a PTY pair the way a hypervisor does for a guest console: the hypervisor holds
@@ -37,24 +38,6 @@ func openPTY(t *testing.T) (master *os.File, slavePath string) {
 	return m, fmt.Sprintf("/dev/pts/%d", n)
 }
 
-// syncBuffer is a goroutine-safe bytes.Buffer.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
@@ -68,8 +51,8 @@ func eventually(t *testing.T, what string, cond func() bool) {
 
 func TestConsoleOverAPTY(t *testing.T) {
 	guest, slave := openPTY(t)
-	var sink syncBuffer
-	c := NewConsole(ptyOpener(slave), &sink, slog.New(slog.DiscardHandler))
+	sink := &syncio.Tail{Max: 1 << 20}
+	c := NewConsole(ptyOpener(slave), sink, slog.New(slog.DiscardHandler))
 	ctx, cancel := context.WithCancel(context.Background())
 	go c.Run(ctx)
 	defer func() { cancel(); <-c.Done() }()
@@ -117,8 +100,8 @@ func TestConsoleReconnectsAndClosesSubscribersWhenStopped(t *testing.T) {
 		defer mu.Unlock()
 		return guests[len(guests)-1]
 	}
-	var sink syncBuffer
-	c := NewConsole(open, &sink, slog.New(slog.DiscardHandler))
+	sink := &syncio.Tail{Max: 1 << 20}
+	c := NewConsole(open, sink, slog.New(slog.DiscardHandler))
 	ctx, cancel := context.WithCancel(context.Background())
 	go c.Run(ctx)
 	eventually(t, "a connection", func() bool { mu.Lock(); defer mu.Unlock(); return len(guests) == 1 })

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -17,19 +16,10 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
+	"github.com/cocoonstack/cocoon-cri/pkg/store/storetest"
 )
 
 var discard = slog.New(slog.DiscardHandler)
-
-func openStore(t *testing.T) *store.Store {
-	t.Helper()
-	st, err := store.Open(filepath.Join(t.TempDir(), "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	return st
-}
 
 // scrape serves one scrape through the promhttp handler, as Prometheus would get it, and returns
 // its samples: "name{labels}" (labels sorted, as the text format writes them) to value.
@@ -162,7 +152,7 @@ func TestInterceptorsCountRPCsByCode(t *testing.T) {
 // The VM gauge is read from the records at each scrape: it follows every change without anyone
 // moving it, and states with no container read zero rather than vanish.
 func TestVMsByStateFollowTheStore(t *testing.T) {
-	st := openStore(t)
+	st := storetest.Open(t)
 	m := New(st, "test")
 	expect(t, scrape(t, m), map[string]string{
 		`cocoon_cri_vms{state="created"}`: "0",

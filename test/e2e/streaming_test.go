@@ -22,6 +22,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	utilexec "k8s.io/utils/exec"
 
+	"github.com/cocoonstack/cocoon-cri/pkg/syncio"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
 )
@@ -268,8 +269,8 @@ func TestPortForwardReachesTheGuest(t *testing.T) {
 	podID, _, _ := n.runningPod("web", snapRef)
 	fwd := exec.Command("nsenter", "--net="+n.nodeNS, "--", bins.crictl, "--runtime-endpoint", "unix://"+n.socket, "port-forward", podID, "18080:80")
 	fwd.Env = append(os.Environ(), "CRI_CONFIG_FILE="+os.DevNull)
-	var fwdOut syncBuffer
-	fwd.Stdout, fwd.Stderr = &fwdOut, &fwdOut
+	fwdOut := &syncio.Tail{Max: 1 << 20}
+	fwd.Stdout, fwd.Stderr = fwdOut, fwdOut
 	if err := fwd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"io"
@@ -9,13 +8,14 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/remotecommand"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/syncio"
 )
 
 // kubeletClientConfig reaches cocoon-cri's stream server (plain HTTP) and the test kubelet's API
@@ -51,10 +51,11 @@ func (n *node) stream(ctx context.Context, rawURL string, stdin io.Reader, want 
 	if err != nil {
 		n.t.Fatal(err)
 	}
-	var out, errOut syncBuffer
-	opts := remotecommand.StreamOptions{Stdin: stdin, Stdout: &out, Tty: want.tty}
+	// The stream's goroutines write these; what a test reads is well under the limit.
+	out, errOut := &syncio.Tail{Max: 1 << 20}, &syncio.Tail{Max: 1 << 20}
+	opts := remotecommand.StreamOptions{Stdin: stdin, Stdout: out, Tty: want.tty}
 	if want.stderr {
-		opts.Stderr = &errOut
+		opts.Stderr = errOut
 	}
 	// The connection is dialled on this goroutine, so from the node's namespace; the goroutines
 	// the stream starts only use it.
@@ -66,24 +67,6 @@ func (n *node) stream(ctx context.Context, rawURL string, stdin io.Reader, want 
 		n.t.Fatal(nsErr)
 	}
 	return streamResult{stdout: out.String(), stderr: errOut.String(), err: err}
-}
-
-// syncBuffer is a bytes.Buffer safe for the stream's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // execURL asks cocoon-cri for an exec stream.
