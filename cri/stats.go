@@ -255,10 +255,7 @@ func (s *Server) podNetwork(sb *store.Sandbox, hypervisorPID int, now int64) *ru
 
 // forgetRemovedContainers drops the CPU samples of containers that no longer exist.
 func (s *Server) forgetRemovedContainers() {
-	s.cpuRate.Forget(func(id string) bool {
-		_, err := s.store.Containers.Get(id)
-		return err == nil
-	})
+	s.cpuRate.Forget(s.store.Containers.Has)
 }
 
 func zeroMemory(now int64) *runtimeapi.MemoryUsage {

@@ -95,6 +95,9 @@ func TestUniqueNamesAreEnforced(t *testing.T) {
 	if _, err := s.Sandboxes.Get("sb2"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("refused record was stored: %v", err)
 	}
+	if !s.Sandboxes.Has("sb1") || s.Sandboxes.Has("sb2") || s.Sandboxes.Has("sb") {
+		t.Fatal("Has does not match the stored records exactly")
+	}
 	if err := s.Sandboxes.Create(sandbox("sb1", "other")); !errors.Is(err, ErrExists) {
 		t.Fatalf("duplicate ID: err = %v", err)
 	}

@@ -66,6 +66,14 @@ func (t *Table[T]) Get(key string) (*T, error) {
 	return t.clone(item), nil
 }
 
+// Has reports whether a record with this exact key exists, without copying it.
+func (t *Table[T]) Has(key string) bool {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	_, ok := t.items[key]
+	return ok
+}
+
 // Resolve maps an exact key or a unique key prefix to the full key, the way container runtimes
 // accept truncated IDs.
 func (t *Table[T]) Resolve(keyOrPrefix string) (string, error) {
