@@ -2,14 +2,18 @@ package cocoonsim_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/test/cocoonsim"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
 )
 
@@ -48,26 +52,38 @@ func (s *sim) statusEvents(args ...string) *statusStream {
 	return st
 }
 
-// next waits for the next event of vmID matching want and fails on a timeout or a wrong kind.
-func (st *statusStream) next(vmID, wantEvent string, wantState cocoon.VMState) cocoon.Event {
+// change is one event of a VM as the stream reports it.
+type change struct {
+	event string
+	state cocoon.VMState
+}
+
+// event waits for the next event of the VM whose ID or name is vmRef.
+func (st *statusStream) event(vmRef string) cocoon.Event {
 	st.t.Helper()
 	timeout := time.After(patience)
 	for {
 		select {
 		case ev := <-st.events:
-			if ev.VM.ID != vmID {
-				continue
+			if ev.VM.ID == vmRef || ev.VM.Config.Name == vmRef {
+				return ev
 			}
-			if ev.Event != wantEvent || ev.VM.State != wantState {
-				st.t.Fatalf("event for %s: got %s/%s, want %s/%s", vmID, ev.Event, ev.VM.State, wantEvent, wantState)
-			}
-			return ev
 		case err := <-st.done:
 			st.t.Fatalf("status stream ended early: %v", err)
 		case <-timeout:
-			st.t.Fatalf("no %s event for %s", wantEvent, vmID)
+			st.t.Fatalf("no event for %s", vmRef)
 		}
 	}
+}
+
+// next waits for vmID's next event and fails unless it is want.
+func (st *statusStream) next(vmRef string, want change) cocoon.Event {
+	st.t.Helper()
+	ev := st.event(vmRef)
+	if got := (change{ev.Event, ev.VM.State}); got != want {
+		st.t.Fatalf("event for %s: got %s/%s, want %s/%s", vmRef, got.event, got.state, want.event, want.state)
+	}
+	return ev
 }
 
 func TestStatusEventStream(t *testing.T) {
@@ -76,24 +92,34 @@ func TestStatusEventStream(t *testing.T) {
 	existing := s.clone("base", "existing")
 
 	st := s.statusEvents("-n", "1")
-	st.next(existing.ID, cocoon.EventAdded, cocoon.VMStateRunning)
+	st.next(existing.ID, change{cocoon.EventAdded, cocoon.VMStateRunning})
 
+	// The clone shows as ADDED/running, or as ADDED/creating and then MODIFIED/running: the stream
+	// compares snapshots of cocoon's DB taken on fsnotify and poll ticks, and one may land while
+	// the clone's "creating" placeholder is still there.
 	added := s.clone("base", "added")
-	ev := st.next(added.ID, cocoon.EventAdded, cocoon.VMStateRunning)
+	ev := st.event(added.ID)
+	switch (change{ev.Event, ev.VM.State}) {
+	case change{cocoon.EventAdded, cocoon.VMStateCreating}:
+		ev = st.next(added.ID, change{cocoon.EventModified, cocoon.VMStateRunning})
+	case change{cocoon.EventAdded, cocoon.VMStateRunning}:
+	default:
+		t.Fatalf("first event for %s: got %s/%s, want ADDED/running or ADDED/creating", added.ID, ev.Event, ev.VM.State)
+	}
 	if ev.VM.Config.Name != "added" || ev.VM.Hypervisor != cocoon.HypervisorCloudHypervisor {
-		t.Fatalf("ADDED payload: %+v", ev.VM)
+		t.Fatalf("running payload: %+v", ev.VM)
 	}
 
 	// A crash changes nothing on disk: it shows at the next liveness tick as "stopped (stale)".
 	if err := syscall.Kill(existing.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	st.next(existing.ID, cocoon.EventModified, cocoon.VMStateStale)
+	st.next(existing.ID, change{cocoon.EventModified, cocoon.VMStateStale})
 
 	s.ok("vm", "stop", "added")
-	st.next(added.ID, cocoon.EventModified, cocoon.VMStateStopped)
+	st.next(added.ID, change{cocoon.EventModified, cocoon.VMStateStopped})
 	s.ok("vm", "rm", "added")
-	deleted := st.next(added.ID, cocoon.EventDeleted, cocoon.VMStateStopped)
+	deleted := st.next(added.ID, change{cocoon.EventDeleted, cocoon.VMStateStopped})
 	if deleted.VM.Config.Name != "added" {
 		t.Fatalf("DELETED carries the last record: %+v", deleted.VM)
 	}
@@ -110,13 +136,46 @@ func TestStatusEventStream(t *testing.T) {
 	}
 }
 
+// A clone seen while its placeholder is in the DB: ADDED/creating, then MODIFIED/running.
+func TestStatusEventStreamSeesCreatingClone(t *testing.T) {
+	s := newSim(t)
+	s.importSnapshot(testimage.SnapshotOptions{Name: "base"})
+	gate := filepath.Join(t.TempDir(), "gate")
+	if err := os.WriteFile(gate, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s.env = append(s.env, cocoonsim.CloneGateEnv+"="+gate)
+	st := s.statusEvents("-n", "1")
+
+	clone := exec.Command(simBinary, append(s.globalFlags(), "vm", "clone", "--name", "slow", "-o", "json", "base")...)
+	clone.Env = append(os.Environ(), s.env...)
+	var stderr bytes.Buffer
+	clone.Stderr = &stderr
+	if err := clone.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = clone.Process.Kill(); _ = clone.Wait() })
+	ev := st.next("slow", change{cocoon.EventAdded, cocoon.VMStateCreating})
+
+	if err := os.Remove(gate); err != nil {
+		t.Fatal(err)
+	}
+	if err := clone.Wait(); err != nil {
+		t.Fatalf("clone: %v: %s", err, stderr.String())
+	}
+	running := st.next(ev.VM.ID, change{cocoon.EventModified, cocoon.VMStateRunning})
+	if running.VM.Config.Name != "slow" {
+		t.Fatalf("running payload: %+v", running.VM)
+	}
+}
+
 func TestStatusFiltersAndTextHeader(t *testing.T) {
 	s := newSim(t)
 	s.importSnapshot(testimage.SnapshotOptions{Name: "base"})
 	a := s.clone("base", "alpha")
 	s.clone("base", "beta")
 	st := s.statusEvents("alpha")
-	st.next(a.ID, cocoon.EventAdded, cocoon.VMStateRunning)
+	st.next(a.ID, change{cocoon.EventAdded, cocoon.VMStateRunning})
 	select {
 	case ev := <-st.events:
 		t.Fatalf("filtered stream emitted %s for %s", ev.Event, ev.VM.Config.Name)

@@ -65,6 +65,30 @@ func (a *app) vmClone(cmd *cobra.Command, args []string) error {
 	return nil
 }
 
+// CloneGateEnv names a file: while it exists, a clone waits with its "creating" placeholder in the
+// DB before it copies the snapshot, as a clone of a large snapshot does for a while. Only the
+// simulator has it: tests use it to hold a clone in that state for as long as they need.
+const CloneGateEnv = "COCOON_SIM_CLONE_GATE"
+
+func holdCreating(ctx context.Context) error {
+	gate := os.Getenv(CloneGateEnv)
+	if gate == "" {
+		return nil
+	}
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if _, err := os.Stat(gate); errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
 // clonePlan is what prepareClone settles before any snapshot file is copied: the clone's
 // configuration, its ID, and its network with the provider that owns it.
 type clonePlan struct {
@@ -158,6 +182,9 @@ func (b *backend) directClone(ctx context.Context, vmID string, spec *vmSpec, ne
 			b.rollbackCreate(ctx, vmID, spec.Name)
 		}
 	}()
+	if err := holdCreating(ctx); err != nil {
+		return nil, err
+	}
 	if err = ensureDirs(runDir, logDir); err != nil {
 		return nil, fmt.Errorf("ensure dirs: %w", err)
 	}
