@@ -1,7 +1,9 @@
-// Package cgroups puts a VM's hypervisor process into the pod's cgroup with the cgroupfs layout
-// the kubelet uses (cocoon-cri reports the cgroupfs driver): <cgroup_parent>/<name> in every v1
-// hierarchy on a v1 or hybrid host, or in the unified hierarchy on a v2 host. Then the kubelet's
-// pod limits fence the VM, and cAdvisor, eviction and kubectl top see its CPU and memory.
+// Package cgroups puts a VM's hypervisor process, and the processes it started, into the pod's
+// cgroup the way the kubelet's cgroup driver expects, so the kubelet's pod limits fence the VM and
+// cAdvisor, eviction and kubectl top see its CPU and memory. The cgroupfs driver (Host) makes
+// <cgroup_parent>/<container ID> itself in every v1 hierarchy on a v1 or hybrid host, or in the
+// unified hierarchy on a v2 host. The systemd driver has systemd make a transient scope in the
+// pod's slice, as runc does. New picks one; both implement Driver.
 package cgroups
 
 import (
@@ -128,23 +130,30 @@ func unescape(s string) string {
 	return b.String()
 }
 
-// Path is the cgroup <parent>/<name> in cgroupfs form. A parent in the systemd driver's form
-// ("slice:prefix:name") is refused: the kubelet would then be running with the systemd driver,
-// which cocoon-cri does not report.
+// Path is the cgroup <parent>/<name> in cgroupfs form. A parent in runc's systemd form
+// ("slice:prefix:name") is refused (CheckParent).
 func Path(parent, name string) (string, error) {
 	if err := CheckParent(parent); err != nil {
 		return "", err
 	}
-	if name == "" || strings.ContainsAny(name, "/:") || name == "." || name == ".." {
-		return "", fmt.Errorf("cgroup name %q is not a single path element", name)
+	if err := checkName(name); err != nil {
+		return "", err
 	}
 	return path.Join("/", parent, name), nil
+}
+
+// checkName refuses a name that would place a VM anywhere but directly under its parent.
+func checkName(name string) error {
+	if name == "" || strings.ContainsAny(name, "/:") || name == "." || name == ".." {
+		return fmt.Errorf("cgroup name %q is not a single path element", name)
+	}
+	return nil
 }
 
 // CheckParent says whether parent is a cgroupfs path cocoon-cri can place VMs under.
 func CheckParent(parent string) error {
 	if strings.Contains(parent, ":") {
-		return fmt.Errorf("cgroup_parent %q is in the systemd driver's form; cocoon-cri uses the cgroupfs driver (paths such as /kubepods/burstable/pod<uid>)", parent)
+		return fmt.Errorf("cgroup_parent %q is in runc's systemd form (slice:prefix:name); the cgroupfs driver takes paths such as /kubepods/burstable/pod<uid>", parent)
 	}
 	return nil
 }
@@ -279,20 +288,38 @@ func (h Hierarchy) initDir(cgroup string) error {
 	return nil
 }
 
-// move writes each PID to cgroup.procs: the kernel moves the whole thread group.
 func (h Hierarchy) move(cgroup string, pids []int) error {
 	d, err := h.dir(cgroup)
 	if err != nil {
 		return err
 	}
-	procs := filepath.Join(d, "cgroup.procs")
+	if err := enter(d, pids); err != nil {
+		return fmt.Errorf("cgroup %s in %s: %w", cgroup, h, err)
+	}
+	return nil
+}
+
+// enter moves pids into the cgroup at dir by writing each to its cgroup.procs: the kernel moves
+// the whole thread group. One write per PID, so a process that exited meanwhile (ESRCH) fails
+// only its own write; each ends in a newline, as the kernel accepts, so a directory standing in
+// for a cgroup in tests keeps every PID. The file is not created: a directory without one is not
+// a cgroup.
+func enter(dir string, pids []int) error {
+	if len(pids) == 0 {
+		return nil
+	}
+	f, err := os.OpenFile(filepath.Join(dir, "cgroup.procs"), os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
 	for _, pid := range pids {
-		err := os.WriteFile(procs, []byte(strconv.Itoa(pid)), 0)
+		_, err := f.WriteString(strconv.Itoa(pid) + "\n")
 		if errors.Is(err, syscall.ESRCH) {
-			continue // exited meanwhile
+			continue
 		}
 		if err != nil {
-			return fmt.Errorf("move process %d into cgroup %s in %s: %w", pid, cgroup, h, err)
+			return fmt.Errorf("move process %d: %w", pid, err)
 		}
 	}
 	return nil
@@ -333,19 +360,36 @@ func (h Hierarchy) remove(ctx context.Context, cgroup string) error {
 	if err != nil {
 		return err
 	}
-	for {
+	err = retry(ctx, func() (bool, error) {
 		err := syscall.Rmdir(d)
 		if err == nil || errors.Is(err, syscall.ENOENT) {
-			return nil
+			return true, nil
 		}
-		if !errors.Is(err, syscall.EBUSY) {
-			return fmt.Errorf("remove cgroup %s in %s: %w", cgroup, h, err)
+		return !errors.Is(err, syscall.EBUSY), err
+	})
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, syscall.EBUSY):
+		procs, _ := os.ReadFile(filepath.Join(d, "cgroup.procs"))
+		return fmt.Errorf("remove cgroup %s in %s: still busy (processes: %s): %w", cgroup, h,
+			strings.Join(strings.Fields(string(procs)), " "), err)
+	default:
+		return fmt.Errorf("remove cgroup %s in %s: %w", cgroup, h, err)
+	}
+}
+
+// retry calls try until it is done or ctx ends, and returns its last error. Processes that are
+// exiting keep a cgroup busy for a moment after the VM is gone, so removal is tried again.
+func retry(ctx context.Context, try func() (done bool, err error)) error {
+	for {
+		done, err := try()
+		if done {
+			return err
 		}
 		select {
 		case <-ctx.Done():
-			procs, _ := os.ReadFile(filepath.Join(d, "cgroup.procs"))
-			return fmt.Errorf("remove cgroup %s in %s: still busy (processes: %s): %w", cgroup, h,
-				strings.Join(strings.Fields(string(procs)), " "), err)
+			return err
 		case <-time.After(50 * time.Millisecond):
 		}
 	}

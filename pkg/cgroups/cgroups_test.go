@@ -183,12 +183,25 @@ func startTree(t *testing.T) (*exec.Cmd, []int) {
 	if childPID, err = strconv.Atoi(strings.TrimSpace(string(buf[:n]))); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if p, err := os.FindProcess(childPID); err == nil {
-			_ = p.Kill()
-		}
-	})
+	t.Cleanup(func() { killPID(childPID) })
 	return cmd, []int{cmd.Process.Pid, childPID}
+}
+
+func killPID(pid int) {
+	if p, err := os.FindProcess(pid); err == nil {
+		_ = p.Kill()
+	}
+}
+
+// assertGone fails t unless cgroup is gone from every hierarchy.
+func assertGone(t *testing.T, h *Host, cgroup string) {
+	t.Helper()
+	for _, hier := range h.Hierarchies {
+		d, _ := hier.dir(cgroup)
+		if _, err := os.Stat(d); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s is left after Remove: %v", d, err)
+		}
+	}
 }
 
 // inCgroup reports whether /proc/<pid>/cgroup puts pid in cgroup for the given controller ("" for
@@ -263,20 +276,13 @@ func TestPlaceAndRemoveOnThisHost(t *testing.T) {
 
 	_ = cmd.Process.Kill()
 	_ = cmd.Wait()
-	if p, err := os.FindProcess(pids[1]); err == nil {
-		_ = p.Kill()
-	}
+	killPID(pids[1])
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := h.Remove(ctx, cgroup, created); err != nil {
 		t.Fatal(err)
 	}
-	for _, hier := range h.Hierarchies {
-		d, _ := hier.dir(parent)
-		if _, err := os.Stat(d); !errors.Is(err, os.ErrNotExist) {
-			t.Errorf("%s is left after Remove: %v", d, err)
-		}
-	}
+	assertGone(t, h, parent)
 	// Removing again is fine.
 	if err := h.Remove(ctx, cgroup, created); err != nil {
 		t.Fatal(err)
