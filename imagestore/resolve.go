@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -62,4 +63,32 @@ func platformManifest(index *v1.IndexManifest) (v1.Hash, error) {
 		}
 	}
 	return v1.Hash{}, fmt.Errorf("no manifest for linux/%s: %w", runtime.GOARCH, ErrNotFound)
+}
+
+// classifyTimeout bounds the registry round trips of Classify: it runs before a pull is routed,
+// and a registry that does not answer must not hold the pull up for long.
+const classifyTimeout = 30 * time.Second
+
+// Classify resolves ref in its registry and tells what it is (a cocoon snapshot, a cloud image, or
+// an OCI image) without pulling anything.
+func (s *Service) Classify(ctx context.Context, ref string, creds Credentials) (store.ImageKind, error) {
+	ctx, cancel := context.WithTimeout(ctx, classifyTimeout)
+	defer cancel()
+	normalized, err := Normalize(ref)
+	if err != nil {
+		return "", err
+	}
+	remoteRef, err := s.registry.parse(normalized)
+	if err != nil {
+		return "", err
+	}
+	session, err := s.registry.connect(ctx, remoteRef.Context(), creds)
+	if err != nil {
+		return "", err
+	}
+	art, err := session.resolve(ctx, remoteRef)
+	if err != nil {
+		return "", err
+	}
+	return art.kind, nil
 }

@@ -13,7 +13,10 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/cocoonstack/cocoon-cri/cri"
+	"github.com/cocoonstack/cocoon-cri/cri/passthrough"
+	"github.com/cocoonstack/cocoon-cri/cri/vmruntime"
 	"github.com/cocoonstack/cocoon-cri/imagestore"
+	"github.com/cocoonstack/cocoon-cri/pkg/cgroups"
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/pkg/metrics"
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
@@ -28,6 +31,10 @@ func runDaemon(parent context.Context, o *options) error {
 	ctx, stop := signal.NotifyContext(parent, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
+	cgroupDriver, err := cgroups.New(o.cgroupDriver)
+	if err != nil {
+		return fmt.Errorf("--cgroup-driver %s: %w", o.cgroupDriver, err)
+	}
 	st, err := store.Open(filepath.Join(o.stateDir, stateFile))
 	if err != nil {
 		return err
@@ -89,16 +96,38 @@ func runDaemon(parent context.Context, o *options) error {
 	if err := nets.Init(); err != nil {
 		return err
 	}
-	server := cri.New(cri.Config{
+	vms := vmruntime.New(vmruntime.Config{
 		Version:             version,
 		ServeDefaultHandler: o.serveDefaultHandler,
-		GuestSSH:            cri.GuestSSH{User: o.guestSSHUser, KeyFile: o.guestSSHKeyFile, Password: o.guestSSHPassword, Port: o.guestSSHPort},
+		GuestSSH:            vmruntime.GuestSSH{User: o.guestSSHUser, KeyFile: o.guestSSHKeyFile, Password: o.guestSSHPassword, Port: o.guestSSHPort},
 		GuestReadyTimeout:   o.guestReadyTimeout,
-		OrphanPolicy:        cri.OrphanPolicy(o.orphanPolicy),
+		OrphanPolicy:        vmruntime.OrphanPolicy(o.orphanPolicy),
 		Metrics:             m,
+		Cgroups:             cgroupDriver,
+		PullOnCreate:        o.passthroughEndpoint != "",
 	}, log, st, cc, nets, images)
-	defer server.Shutdown()
-	streams, err := server.ServeStreams(o.streamAddress)
+	defer vms.Shutdown()
+
+	var pass cri.Backend
+	if o.passthroughEndpoint != "" {
+		p, err := passthrough.Dial(o.passthroughEndpoint)
+		if err != nil {
+			return err
+		}
+		defer p.Close()
+		pass = p
+	}
+	router := cri.New(vms, pass, o.passthroughEndpoint, log.With("component", "cri"))
+	// Before anything changes on the node: VMs placed with another driver than the kubelet's
+	// would escape its pod cgroups.
+	checkCtx, cancelCheck := context.WithTimeout(ctx, cgroupCheckTimeout)
+	err = router.CheckCgroupDriver(checkCtx)
+	cancelCheck()
+	if err != nil {
+		return err
+	}
+
+	streams, err := vms.ServeStreams(o.streamAddress)
 	if err != nil {
 		return err
 	}
@@ -109,10 +138,10 @@ func runDaemon(parent context.Context, o *options) error {
 		}
 	}()
 
-	if err := server.Recover(ctx); err != nil {
+	if err := vms.Recover(ctx); err != nil {
 		return fmt.Errorf("recover state: %w", err)
 	}
-	go server.WatchVMs(ctx)
+	go vms.WatchVMs(ctx)
 	if err := images.Sweep(ctx); err != nil {
 		log.Warn("deleting unused image artifacts failed; the next removal retries", "err", err)
 	}
@@ -121,17 +150,16 @@ func runDaemon(parent context.Context, o *options) error {
 	if err != nil {
 		return err
 	}
-	g := grpc.NewServer(
-		grpc.ChainUnaryInterceptor(m.UnaryServerInterceptor()),
-		grpc.ChainStreamInterceptor(m.StreamServerInterceptor()),
-	)
-	server.Register(g)
-	server.RegisterImport(g)
+	unary, stream := cri.Interceptors(log.With("component", "cri"), m)
+	g := grpc.NewServer(grpc.ChainUnaryInterceptor(unary), grpc.ChainStreamInterceptor(stream))
+	router.Register(g)
+	vms.RegisterImport(g)
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- g.Serve(lis) }()
 	log.Info("cocoon-cri serving", "version", version, "socket", o.socket, "stateDir", o.stateDir, "cocoon", o.cocoonBinary,
-		"streams", streams.Addr(), "metrics", metricsAddr, "guestExec", guestExecLog(server.ExecPath(ctx)))
+		"streams", streams.Addr(), "metrics", metricsAddr, "guestExec", guestExecLog(vms.ExecPath(ctx)),
+		"passthrough", orDefault(o.passthroughEndpoint, "off"), "cgroupDriver", o.cgroupDriver)
 
 	select {
 	case err := <-serveErr:
@@ -154,6 +182,10 @@ func runDaemon(parent context.Context, o *options) error {
 	return nil
 }
 
+// cgroupCheckTimeout bounds the start's question to the passthrough runtime; one that does not
+// answer in time is checked again by Status.
+const cgroupCheckTimeout = 10 * time.Second
+
 // metricsShutdownTimeout bounds the wait for scrapes in progress when the daemon stops.
 const metricsShutdownTimeout = 5 * time.Second
 
@@ -168,7 +200,7 @@ func stopMetrics(ep *metrics.Endpoint, log *slog.Logger) {
 
 // guestExecLog names how commands reach guests, for the start-up log.
 func guestExecLog(path string) string {
-	if path == cri.ExecPathNone {
+	if path == vmruntime.ExecPathNone {
 		return "none (commands, exec and ExecSync probes are refused)"
 	}
 	return path

@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/cocoonstack/cocoon-cri/cri"
+	"github.com/cocoonstack/cocoon-cri/cri/vmruntime"
 )
 
 func newImageCommand(o *options) *cobra.Command {
@@ -54,7 +54,7 @@ func importImage(cmd *cobra.Command, socket, ref, path string) error {
 		return fmt.Errorf("connect to %s: %w", socket, err)
 	}
 	defer conn.Close()
-	id, err := cri.ImportImage(cmd.Context(), conn, ref, digest, f)
+	id, err := vmruntime.ImportImage(cmd.Context(), conn, ref, digest, f)
 	if err != nil {
 		return fmt.Errorf("import %s: %w", path, err)
 	}

@@ -9,7 +9,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/cocoonstack/cocoon-cri/cri"
+	"github.com/cocoonstack/cocoon-cri/cri/passthrough"
+	"github.com/cocoonstack/cocoon-cri/cri/vmruntime"
+	"github.com/cocoonstack/cocoon-cri/pkg/cgroups"
 	"github.com/cocoonstack/cocoon-cri/pkg/config"
 )
 
@@ -47,6 +49,8 @@ type options struct {
 	registryCAFile      string
 	pullProgressTimeout time.Duration
 	metricsAddr         string
+	passthroughEndpoint string
+	cgroupDriver        string
 }
 
 func defaultOptions() *options {
@@ -65,9 +69,10 @@ func defaultOptions() *options {
 		guestSSHUser:      "root",
 		guestSSHPort:      22,
 		guestReadyTimeout: 2 * time.Minute,
-		orphanPolicy:      string(cri.OrphanAlert),
+		orphanPolicy:      string(vmruntime.OrphanAlert),
 		// containerd's default: long enough for a slow registry, short enough to free a stuck pull.
 		pullProgressTimeout: 5 * time.Minute,
+		cgroupDriver:        cgroups.Cgroupfs,
 	}
 }
 
@@ -108,6 +113,10 @@ func (o *options) addFlags(cmd *cobra.Command) {
 		"fail an image pull that receives nothing from its registry for this long (0: never)")
 	d.StringVar(&o.metricsAddr, "metrics-addr", o.metricsAddr,
 		"host:port to serve Prometheus metrics on at /metrics, e.g. 127.0.0.1:9809 (empty: not served; port 0: a free port)")
+	d.StringVar(&o.passthroughEndpoint, "passthrough-endpoint", o.passthroughEndpoint,
+		"CRI socket of the node's container runtime (unix:///run/containerd/containerd.sock): pods of every other runtime handler run there unchanged (empty: refused)")
+	d.StringVar(&o.cgroupDriver, "cgroup-driver", o.cgroupDriver,
+		"how VMs join pod cgroups: cgroupfs or systemd; the kubelet's cgroupDriver, and the passthrough runtime's")
 	cmd.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
 		if err := config.Apply(cmd.Flags(), envPrefix, "config"); err != nil {
 			return err
@@ -129,7 +138,7 @@ func (o *options) validate() error {
 	if o.cniConfDir == "" || len(o.cniBinDirs) == 0 {
 		return fmt.Errorf("--cni-conf-dir and --cni-bin-dir must not be empty")
 	}
-	if _, err := cri.ParseOrphanPolicy(o.orphanPolicy); err != nil {
+	if _, err := vmruntime.ParseOrphanPolicy(o.orphanPolicy); err != nil {
 		return fmt.Errorf("--orphan-policy: %w", err)
 	}
 	if o.guestReadyTimeout <= 0 || o.guestSSHPort <= 0 || o.guestSSHPort > 65535 {
@@ -140,6 +149,14 @@ func (o *options) validate() error {
 	}
 	if o.pullProgressTimeout < 0 {
 		return fmt.Errorf("--image-pull-progress-timeout must not be negative")
+	}
+	if o.cgroupDriver != cgroups.Cgroupfs && o.cgroupDriver != cgroups.Systemd {
+		return fmt.Errorf("--cgroup-driver %q: want cgroupfs or systemd, the kubelet's cgroupDriver", o.cgroupDriver)
+	}
+	if o.passthroughEndpoint != "" {
+		if err := passthrough.CheckEndpoint(o.passthroughEndpoint); err != nil {
+			return fmt.Errorf("--passthrough-endpoint: %w", err)
+		}
 	}
 	if o.metricsAddr != "" {
 		if _, _, err := net.SplitHostPort(o.metricsAddr); err != nil {

@@ -32,18 +32,6 @@ func TestDeployConfigLoads(t *testing.T) {
 // --metrics-addr is off by default, comes from the environment like every flag, and must be a
 // host:port, so a bare port is refused at start instead of failing to bind later.
 func TestMetricsAddr(t *testing.T) {
-	parse := func(args ...string) (*options, error) {
-		opts := defaultOptions()
-		cmd := &cobra.Command{Use: "cocoon-cri"}
-		opts.addFlags(cmd)
-		if err := cmd.ParseFlags(args); err != nil {
-			return opts, err
-		}
-		if err := config.Apply(cmd.Flags(), envPrefix, "config"); err != nil {
-			return opts, err
-		}
-		return opts, opts.validate()
-	}
 	if opts, err := parse(); err != nil || opts.metricsAddr != "" {
 		t.Fatalf("default: %q, %v; want off", opts.metricsAddr, err)
 	}
@@ -53,5 +41,44 @@ func TestMetricsAddr(t *testing.T) {
 	}
 	if _, err := parse("--metrics-addr", "9809"); err == nil || !strings.Contains(err.Error(), "--metrics-addr") {
 		t.Fatalf("a bare port: %v, want refused", err)
+	}
+}
+
+// parse reads args, the environment and the config file as the daemon does, and validates.
+func parse(args ...string) (*options, error) {
+	opts := defaultOptions()
+	cmd := &cobra.Command{Use: "cocoon-cri"}
+	opts.addFlags(cmd)
+	if err := cmd.ParseFlags(args); err != nil {
+		return opts, err
+	}
+	if err := config.Apply(cmd.Flags(), envPrefix, "config"); err != nil {
+		return opts, err
+	}
+	return opts, opts.validate()
+}
+
+// Passthrough is off by default and set by flag, COCOON_CRI_PASSTHROUGH_ENDPOINT or the file; an
+// endpoint that is no unix socket, or an unknown cgroup driver, is refused at start.
+func TestPassthroughAndCgroupDriver(t *testing.T) {
+	opts, err := parse()
+	if err != nil || opts.passthroughEndpoint != "" || opts.cgroupDriver != "cgroupfs" {
+		t.Fatalf("defaults: %q %q %v", opts.passthroughEndpoint, opts.cgroupDriver, err)
+	}
+	t.Setenv("COCOON_CRI_PASSTHROUGH_ENDPOINT", "unix:///run/containerd/containerd.sock")
+	if opts, err := parse(); err != nil || opts.passthroughEndpoint != "unix:///run/containerd/containerd.sock" {
+		t.Fatalf("from the environment: %q, %v", opts.passthroughEndpoint, err)
+	}
+	for _, bad := range [][]string{
+		{"--passthrough-endpoint", "tcp://10.0.0.1:1234"},
+		{"--passthrough-endpoint", "containerd.sock"},
+		{"--cgroup-driver", "systemd.slice"},
+	} {
+		if _, err := parse(bad...); err == nil || !strings.Contains(err.Error(), bad[0]) {
+			t.Errorf("%v: %v, want refused naming the flag", bad, err)
+		}
+	}
+	if opts, err := parse("--cgroup-driver", "systemd"); err != nil || opts.cgroupDriver != "systemd" {
+		t.Fatalf("--cgroup-driver systemd: %q %v", opts.cgroupDriver, err)
 	}
 }

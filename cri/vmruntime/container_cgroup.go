@@ -1,35 +1,32 @@
-package cri
+package vmruntime
 
 import (
 	"context"
 	"fmt"
 	"time"
 
-	"github.com/cocoonstack/cocoon-cri/pkg/cgroups"
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
 	"github.com/cocoonstack/cocoon-cri/pkg/vmstats"
 )
 
-// How long a cgroup may stay busy with exiting processes: briefly where a VM just ended on its own,
-// longer where cocoon just removed it and RemoveContainer answers for what is left.
-const (
-	cgroupExitWait   = 2 * time.Second
-	cgroupRemoveWait = 10 * time.Second
-)
+// cgroupRemoveWait is how long a cgroup may stay busy with exiting processes (the hypervisor's
+// children being reaped) before its removal is left to the next try.
+const cgroupRemoveWait = 10 * time.Second
 
 // procRoot is where processes are read.
 const procRoot = "/proc"
 
-// vmCgroup is the cgroup a container's VM joins: <cgroup_parent>/<container ID>, the cgroup
-// containerd gives a container under the cgroupfs driver, so the kubelet's cAdvisor finds the
-// VM's usage under the container's ID and the pod cgroup above it holds the VM. Empty when the pod
-// names no parent: the VM stays where cocoon started it.
-func vmCgroup(sb *store.Sandbox, containerID string) (string, error) {
+// vmCgroup is the cgroup a container's VM joins, where containerd puts a container with the same
+// cgroup driver (<cgroup_parent>/<container ID> with cgroupfs, a scope in the pod's slice with
+// systemd), so the kubelet's cAdvisor finds the VM's usage under the container's ID and the pod
+// cgroup above it holds the VM. Empty when the pod names no parent: the VM stays where cocoon
+// started it.
+func (s *Server) vmCgroup(sb *store.Sandbox, containerID string) (string, error) {
 	parent := sb.Config.Msg.GetLinux().GetCgroupParent()
 	if parent == "" {
 		return "", nil
 	}
-	return cgroups.Path(parent, containerID)
+	return s.cgroups.Path(parent, containerID)
 }
 
 // placeVM moves the hypervisor, with its threads and any process it started, into the pod's
@@ -37,23 +34,19 @@ func vmCgroup(sb *store.Sandbox, containerID string) (string, error) {
 // caller's cleanup). A VM the kubelet cannot account for escapes the pod's limits and eviction,
 // so a pod that names a cgroup parent and cannot get its VM there fails to start.
 func (s *Server) placeVM(sb *store.Sandbox, c *store.Container, pid int) (cgroup, created string, err error) {
-	if cgroup, err = vmCgroup(sb, c.ID); err != nil || cgroup == "" {
+	if cgroup, err = s.vmCgroup(sb, c.ID); err != nil || cgroup == "" {
 		return "", "", err
 	}
 	if pid <= 0 {
 		// Writing 0 to cgroup.procs would move cocoon-cri itself.
 		return "", "", fmt.Errorf("cocoon reported no hypervisor PID for VM %s, so it cannot be put into the pod's cgroup %s", c.VM.Name, cgroup)
 	}
-	host, err := s.cgroups()
-	if err != nil {
-		return "", "", fmt.Errorf("pod sandbox %s names cgroup parent %q, but cgroups are not usable: %w",
-			sb.ID, sb.Config.Msg.GetLinux().GetCgroupParent(), err)
-	}
 	pids, err := vmstats.Tree(procRoot, pid)
 	if err != nil {
 		return "", "", fmt.Errorf("find the hypervisor's processes: %w", err)
 	}
-	created, err = host.Place(cgroup, pids)
+	parent := sb.Config.Msg.GetLinux().GetCgroupParent()
+	cgroup, created, err = s.cgroups.Place(parent, c.ID, pids)
 	if err != nil {
 		return cgroup, created, fmt.Errorf("put the hypervisor (pid %d) into the pod's cgroup: %w", pid, err)
 	}
@@ -68,7 +61,7 @@ func (s *Server) removeCgroup(ctx context.Context, sb *store.Sandbox, c *store.C
 	cgroup := c.VM.Cgroup
 	if cgroup == "" {
 		var err error
-		if cgroup, err = vmCgroup(sb, c.ID); err != nil || cgroup == "" {
+		if cgroup, err = s.vmCgroup(sb, c.ID); err != nil || cgroup == "" {
 			return nil //nolint:nilerr // a parent the start refused made no cgroup
 		}
 	}
@@ -82,15 +75,11 @@ func (s *Server) removeCgroup(ctx context.Context, sb *store.Sandbox, c *store.C
 }
 
 // dropCgroup removes cgroup, and the parents up to created that cocoon-cri made, waiting up to wait
-// for exiting processes to leave. Without usable cgroups no VM was placed, so there is nothing to do.
+// for exiting processes to leave.
 func (s *Server) dropCgroup(ctx context.Context, cgroup, created string, wait time.Duration) error {
-	host, err := s.cgroups()
-	if err != nil {
-		return nil //nolint:nilerr // no cgroups: nothing was placed
-	}
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
-	return host.Remove(ctx, cgroup, created)
+	return s.cgroups.Remove(ctx, cgroup, created)
 }
 
 // releaseCgroup removes an exited container's cgroup as soon as its VM is gone, so an ended VM
@@ -100,7 +89,7 @@ func (s *Server) releaseCgroup(c *store.Container) {
 	if c.VM.Cgroup == "" {
 		return
 	}
-	if err := s.dropCgroup(context.Background(), c.VM.Cgroup, c.VM.CgroupCreated, cgroupExitWait); err != nil {
+	if err := s.dropCgroup(context.Background(), c.VM.Cgroup, c.VM.CgroupCreated, cgroupRemoveWait); err != nil {
 		s.log.Warn("the cgroup of an exited VM is still in use; removing the container retries", "container", c.ID, "err", err)
 	}
 }

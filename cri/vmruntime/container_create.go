@@ -1,11 +1,14 @@
-package cri
+package vmruntime
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"path/filepath"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/cocoonstack/cocoon-cri/imagestore"
@@ -24,9 +27,14 @@ func (s *Server) CreateContainer(ctx context.Context, req *runtimeapi.CreateCont
 			"this cocoon has no vm exec and no guest SSH login is configured (--guest-ssh-key-file, --guest-ssh-password); " +
 			"upgrade cocoon, configure SSH, or leave command and args empty to let the VM's init be the workload")
 	}
+	// Before the sandbox lock: bringing the image into cocoon may take long.
+	img, err := s.containerImage(ctx, cfg.GetImage())
+	if err != nil {
+		return nil, err
+	}
 	sb, unlock, err := s.lockSandbox(req.GetPodSandboxId())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	defer unlock()
 	if sb.State != store.SandboxReady {
@@ -36,19 +44,11 @@ func (s *Server) CreateContainer(ctx context.Context, req *runtimeapi.CreateCont
 	if holder, ok := s.store.Containers.Lookup(store.ContainerNameKey(name)); ok {
 		return nil, alreadyExists("container name %q is already reserved for container %s", name, holder.ID)
 	}
-	img, err := s.images.Get(cfg.GetImage().GetImage())
-	if err != nil {
-		if errors.Is(err, imagestore.ErrNotFound) {
-			return nil, notFound("image %q is not present on this node: pull it, or import it with cocoon-cri image import --ref %s FILE",
-				cfg.GetImage().GetImage(), cfg.GetImage().GetImage())
-		}
-		return nil, toStatus(err)
-	}
 
 	id := newID()
 	vm, err := s.planVM(id, cfg, sb, img)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	c := &store.Container{
 		ID:        id,
@@ -63,12 +63,58 @@ func (s *Server) CreateContainer(ctx context.Context, req *runtimeapi.CreateCont
 		VM:        vm,
 	}
 	if err := s.store.Containers.Create(c); err != nil {
-		return nil, toStatus(fmt.Errorf("record container: %w", err))
+		return nil, fmt.Errorf("record container: %w", err)
 	}
 	s.emit(runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT, c)
 	s.log.Info("container created", "container", id, "sandbox", sb.ID, "image", img.ID,
 		"vm", vm.Name, "mode", vm.Mode, "cpu", vm.CPU, "memory", vm.Memory, "storage", vm.Storage)
 	return &runtimeapi.CreateContainerResponse{ContainerId: id}, nil
+}
+
+// containerImage finds the container's image in cocoon, by the reference or ID the kubelet names or
+// by the reference the user wrote: the kubelet names the image by the ID its ImageStatus gave,
+// the passthrough runtime's for an OCI image. With passthrough, an OCI VM image cocoon lacks is
+// brought in here.
+func (s *Server) containerImage(ctx context.Context, spec *runtimeapi.ImageSpec) (*store.Image, error) {
+	ref, userRef := spec.GetImage(), spec.GetUserSpecifiedImage()
+	img, err := s.images.Get(ref)
+	if errors.Is(err, imagestore.ErrNotFound) && userRef != "" && userRef != ref {
+		img, err = s.images.Get(userRef)
+	}
+	if !errors.Is(err, imagestore.ErrNotFound) {
+		return img, err
+	}
+	if !s.cfg.PullOnCreate {
+		return nil, notFound("image %q is not present on this node: pull it, or import it with cocoon-cri image import --ref %s FILE", ref, ref)
+	}
+	return s.bringIn(ctx, cmp.Or(userRef, ref))
+}
+
+// bringIn pulls ref into cocoon for a VM pod. The pull goes on when the kubelet's CreateContainer
+// deadline passes, bounded by the pull's own progress timeout, and the kubelet's retry joins it:
+// a VM image may take longer to pull than one CreateContainer may last.
+func (s *Server) bringIn(ctx context.Context, ref string) (*store.Image, error) {
+	type pulled struct {
+		img *store.Image
+		err error
+	}
+	done := make(chan pulled, 1)
+	go func() {
+		img, err := s.images.Pull(context.WithoutCancel(ctx), ref, s.pullAuths.get(ref, s.nowFunc()))
+		done <- pulled{img, err}
+	}()
+	select {
+	case p := <-done:
+		if p.err != nil {
+			return nil, fmt.Errorf("image %s is not in cocoon and bringing it in from its registry failed "+
+				"(a VM pod needs a cocoon snapshot, a cloud image or an OCI VM image): %w", ref, p.err)
+		}
+		s.log.Info("image brought into cocoon for a VM pod", "ref", ref, "image", p.img.ID, "kind", p.img.Kind)
+		return p.img, nil
+	case <-ctx.Done():
+		return nil, status.Errorf(codes.DeadlineExceeded,
+			"image %s is still being brought into cocoon; the pull goes on, and the next CreateContainer finds it", ref)
+	}
 }
 
 func validateContainerConfig(cfg *runtimeapi.ContainerConfig) error {

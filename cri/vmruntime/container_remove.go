@@ -1,4 +1,4 @@
-package cri
+package vmruntime
 
 import (
 	"context"
@@ -19,12 +19,12 @@ func (s *Server) RemoveContainer(ctx context.Context, req *runtimeapi.RemoveCont
 		if isNotFound(err) {
 			return &runtimeapi.RemoveContainerResponse{}, nil
 		}
-		return nil, toStatus(err)
+		return nil, err
 	}
 	err = s.removeContainer(ctx, sb, c)
 	unlock()
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	// The container may have been the last user of a removed image's artifact.
 	if err := s.images.Sweep(ctx); err != nil {

@@ -1,4 +1,4 @@
-package cri
+package vmruntime
 
 import (
 	"context"
@@ -24,7 +24,7 @@ const (
 func (s *Server) StartContainer(ctx context.Context, req *runtimeapi.StartContainerRequest) (*runtimeapi.StartContainerResponse, error) {
 	c, sb, unlock, err := s.lockContainer(req.GetContainerId())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	defer unlock()
 	if c.State != store.ContainerCreated {
@@ -63,7 +63,7 @@ func (s *Server) StartContainer(ctx context.Context, req *runtimeapi.StartContai
 		} else {
 			s.emit(runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT, exited)
 		}
-		return nil, toStatus(fmt.Errorf("start VM %s: %w", c.VM.Name, err))
+		return nil, fmt.Errorf("start VM %s: %w", c.VM.Name, err)
 	}
 	// Unknown (0) if the hypervisor already exited: the watcher records that.
 	pidStart, _ := vmstats.StartTicks(procRoot, vm.PID)
@@ -75,7 +75,7 @@ func (s *Server) StartContainer(ctx context.Context, req *runtimeapi.StartContai
 		return nil
 	})
 	if err != nil {
-		return nil, toStatus(fmt.Errorf("record container running: %w", err))
+		return nil, fmt.Errorf("record container running: %w", err)
 	}
 	s.emit(runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT, running)
 	s.startIO(sb, running)

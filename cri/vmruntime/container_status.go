@@ -1,4 +1,4 @@
-package cri
+package vmruntime
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 func (s *Server) ContainerStatus(_ context.Context, req *runtimeapi.ContainerStatusRequest) (*runtimeapi.ContainerStatusResponse, error) {
 	c, err := s.findContainer(req.GetContainerId())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	st := containerStatus(c)
 	if img, err := s.images.Get(c.ImageID); err == nil {

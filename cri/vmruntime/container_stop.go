@@ -1,4 +1,4 @@
-package cri
+package vmruntime
 
 import (
 	"context"
@@ -33,14 +33,14 @@ func (s *Server) StopContainer(ctx context.Context, req *runtimeapi.StopContaine
 		if isNotFound(err) {
 			return &runtimeapi.StopContainerResponse{}, nil
 		}
-		return nil, toStatus(err)
+		return nil, err
 	}
 	defer unlock()
 	if c.State != store.ContainerRunning {
 		return &runtimeapi.StopContainerResponse{}, nil
 	}
 	if err := s.stopVM(ctx, sb, c, time.Duration(req.GetTimeout())*time.Second); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	return &runtimeapi.StopContainerResponse{}, nil
 }

@@ -1,57 +1,15 @@
-package cri
+package vmruntime
 
 import (
-	"context"
 	"errors"
 	"fmt"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/cocoonstack/cocoon-cri/imagestore"
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
 )
-
-// toStatus maps an error from the layers below to a gRPC status at the edge. Errors that already
-// carry a status keep it.
-func toStatus(err error) error {
-	if err == nil {
-		return nil
-	}
-	if _, ok := status.FromError(err); ok {
-		return err
-	}
-	return status.Error(codeOf(err), err.Error())
-}
-
-func codeOf(err error) codes.Code {
-	switch {
-	case errors.Is(err, context.DeadlineExceeded):
-		return codes.DeadlineExceeded
-	case errors.Is(err, context.Canceled):
-		return codes.Canceled
-	case errors.Is(err, store.ErrNotFound), errors.Is(err, cocoon.ErrNotFound), errors.Is(err, imagestore.ErrNotFound):
-		return codes.NotFound
-	case errors.Is(err, store.ErrExists), errors.Is(err, cocoon.ErrAlreadyExists):
-		return codes.AlreadyExists
-	case errors.Is(err, store.ErrAmbiguous), errors.Is(err, cocoon.ErrInvalid), errors.Is(err, imagestore.ErrInvalid):
-		return codes.InvalidArgument
-	case errors.Is(err, cocoon.ErrInUse):
-		return codes.FailedPrecondition
-	case errors.Is(err, cocoon.ErrUnsupported):
-		return codes.Unimplemented
-	case errors.Is(err, imagestore.ErrUnauthenticated):
-		return codes.Unauthenticated
-	case errors.Is(err, imagestore.ErrPermissionDenied):
-		return codes.PermissionDenied
-	case errors.Is(err, imagestore.ErrUnreachable):
-		return codes.Unavailable
-	case errors.Is(err, imagestore.ErrCorrupt):
-		return codes.DataLoss
-	}
-	return codes.Internal
-}
 
 func invalid(format string, args ...any) error {
 	return status.Errorf(codes.InvalidArgument, format, args...)

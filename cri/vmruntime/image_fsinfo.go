@@ -1,4 +1,4 @@
-package cri
+package vmruntime
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 func (s *Server) ImageFsInfo(ctx context.Context, _ *runtimeapi.ImageFsInfoRequest) (*runtimeapi.ImageFsInfoResponse, error) {
 	images, containers, at, err := s.images.FsUsage(ctx)
 	if err != nil {
-		return nil, toStatus(fmt.Errorf("measure disk usage: %w", err))
+		return nil, fmt.Errorf("measure disk usage: %w", err)
 	}
 	return &runtimeapi.ImageFsInfoResponse{
 		ImageFilesystems:     []*runtimeapi.FilesystemUsage{fsUsage(images, at.UnixNano())},

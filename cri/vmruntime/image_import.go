@@ -1,4 +1,4 @@
-package cri
+package vmruntime
 
 import (
 	"context"
@@ -76,7 +76,7 @@ func (s *Server) serveImport(stream grpc.ServerStream) error {
 	r := <-done
 	if r.err != nil {
 		s.log.Error("image import failed", "ref", ref, "err", r.err)
-		return toStatus(r.err)
+		return r.err
 	}
 	return stream.SendMsg(wrapperspb.String(r.id))
 }

@@ -1,4 +1,4 @@
-package cri
+package vmruntime
 
 import (
 	"context"
@@ -18,7 +18,7 @@ func (s *Server) PullImage(ctx context.Context, req *runtimeapi.PullImageRequest
 	}
 	img, err := s.images.Pull(ctx, ref, pullCredentials(req.GetAuth()))
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	return &runtimeapi.PullImageResponse{ImageRef: img.ID}, nil
 }

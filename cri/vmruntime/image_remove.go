@@ -1,4 +1,4 @@
-package cri
+package vmruntime
 
 import (
 	"context"
@@ -15,7 +15,7 @@ func (s *Server) RemoveImage(ctx context.Context, req *runtimeapi.RemoveImageReq
 		return nil, invalid("image is required")
 	}
 	if err := s.images.Remove(ctx, ref); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	return &runtimeapi.RemoveImageResponse{}, nil
 }

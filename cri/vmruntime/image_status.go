@@ -1,4 +1,4 @@
-package cri
+package vmruntime
 
 import (
 	"context"
@@ -22,7 +22,7 @@ func (s *Server) ImageStatus(_ context.Context, req *runtimeapi.ImageStatusReque
 		return &runtimeapi.ImageStatusResponse{}, nil
 	}
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	resp := &runtimeapi.ImageStatusResponse{Image: criImage(img)}
 	if req.GetVerbose() {

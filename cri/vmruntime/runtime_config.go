@@ -1,4 +1,4 @@
-package cri
+package vmruntime
 
 import (
 	"context"
@@ -7,11 +7,10 @@ import (
 )
 
 // RuntimeConfig states the cgroup driver explicitly: the enum's zero value is SYSTEMD, so an empty
-// answer would tell the kubelet the opposite of what cocoon-cri does (cgroupfs paths under the
-// pod's cgroup_parent).
+// answer would tell a kubelet with the cgroupfs driver the opposite of what cocoon-cri does.
 func (s *Server) RuntimeConfig(context.Context, *runtimeapi.RuntimeConfigRequest) (*runtimeapi.RuntimeConfigResponse, error) {
 	return &runtimeapi.RuntimeConfigResponse{
-		Linux: &runtimeapi.LinuxRuntimeConfiguration{CgroupDriver: runtimeapi.CgroupDriver_CGROUPFS},
+		Linux: &runtimeapi.LinuxRuntimeConfiguration{CgroupDriver: s.CgroupDriver()},
 	}, nil
 }
 

@@ -1,4 +1,4 @@
-package cri
+package vmruntime
 
 import (
 	"context"

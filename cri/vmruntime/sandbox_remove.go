@@ -1,4 +1,4 @@
-package cri
+package vmruntime
 
 import (
 	"context"
@@ -17,7 +17,7 @@ func (s *Server) RemovePodSandbox(ctx context.Context, req *runtimeapi.RemovePod
 		if isNotFound(err) {
 			return &runtimeapi.RemovePodSandboxResponse{}, nil
 		}
-		return nil, toStatus(err)
+		return nil, err
 	}
 	// The containers may have been the last users of a removed image's artifact.
 	if err := s.images.Sweep(ctx); err != nil {

@@ -1,4 +1,4 @@
-package cri
+package vmruntime
 
 import (
 	"context"
@@ -8,7 +8,6 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/cocoonstack/cocoon-cri/pkg/cgroups"
 	"github.com/cocoonstack/cocoon-cri/pkg/faultpoint"
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
 )
@@ -30,7 +29,7 @@ func (s *Server) RunPodSandbox(ctx context.Context, req *runtimeapi.RunPodSandbo
 	}
 	network, err := s.loadNetwork(vmOpts.Network)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 
 	id := newID()
@@ -49,7 +48,7 @@ func (s *Server) RunPodSandbox(ctx context.Context, req *runtimeapi.RunPodSandbo
 		if errors.Is(err, store.ErrExists) {
 			return nil, alreadyExists("sandbox name %q is already reserved: %v", name, err)
 		}
-		return nil, toStatus(fmt.Errorf("record sandbox: %w", err))
+		return nil, fmt.Errorf("record sandbox: %w", err)
 	}
 	log := s.log.With("sandbox", id, "pod", cfg.GetMetadata().GetNamespace()+"/"+cfg.GetMetadata().GetName())
 	faultpoint.Hit(faultpoint.SandboxRecorded)
@@ -59,7 +58,7 @@ func (s *Server) RunPodSandbox(ctx context.Context, req *runtimeapi.RunPodSandbo
 		if rbErr := s.rollbackSandbox(context.WithoutCancel(ctx), sb); rbErr != nil {
 			log.Error("rollback failed; recovery will retry it at the next start", "err", rbErr)
 		}
-		return nil, toStatus(err)
+		return nil, err
 	}
 	log.Info("sandbox ready", "netns", sb.NetNS, "network", network.Name, "ips", sb.Network.IPs)
 	return &runtimeapi.RunPodSandboxResponse{PodSandboxId: id}, nil
@@ -128,18 +127,19 @@ func (s *Server) validateSandboxConfig(cfg *runtimeapi.PodSandboxConfig, handler
 				host.field, handler, host.field)
 		}
 	}
-	if err := cgroups.CheckParent(cfg.GetLinux().GetCgroupParent()); err != nil {
+	if err := s.cgroups.CheckParent(cfg.GetLinux().GetCgroupParent()); err != nil {
 		return invalid("%v", err)
 	}
 	return nil
 }
 
 func (s *Server) checkHandler(handler string) error {
-	if handler == HandlerName || (handler == "" && s.cfg.ServeDefaultHandler) {
+	if s.ServesHandler(handler) {
 		return nil
 	}
 	if handler == "" {
-		return invalid("the default runtime handler is not served: set runtimeClassName to a RuntimeClass with handler %q, or start cocoon-cri with --serve-default-handler", HandlerName)
+		return invalid("the default runtime handler is not served: set runtimeClassName to a RuntimeClass with handler %q, "+
+			"or start cocoon-cri with --passthrough-endpoint to run such pods on the node's container runtime, or with --serve-default-handler to run them as VMs", HandlerName)
 	}
-	return invalid("runtime handler %q is not served: cocoon-cri serves %q", handler, HandlerName)
+	return invalid("runtime handler %q is not served: cocoon-cri serves %q; start it with --passthrough-endpoint to run other handlers on the node's container runtime", handler, HandlerName)
 }

@@ -1,4 +1,4 @@
-package cri
+package vmruntime
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 func (s *Server) PodSandboxStatus(_ context.Context, req *runtimeapi.PodSandboxStatusRequest) (*runtimeapi.PodSandboxStatusResponse, error) {
 	sb, err := s.visibleSandbox(req.GetPodSandboxId())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	resp := &runtimeapi.PodSandboxStatusResponse{
 		Status:             sandboxStatus(sb),

@@ -1,4 +1,4 @@
-package cri
+package vmruntime
 
 import (
 	"context"
@@ -18,7 +18,7 @@ func (s *Server) StopPodSandbox(ctx context.Context, req *runtimeapi.StopPodSand
 		if isNotFound(err) {
 			return &runtimeapi.StopPodSandboxResponse{}, nil
 		}
-		return nil, toStatus(err)
+		return nil, err
 	}
 	defer unlock()
 
@@ -27,18 +27,18 @@ func (s *Server) StopPodSandbox(ctx context.Context, req *runtimeapi.StopPodSand
 			continue
 		}
 		if err := s.stopVM(ctx, sb, c, 0); err != nil {
-			return nil, toStatus(fmt.Errorf("stop container %s: %w", c.ID, err))
+			return nil, fmt.Errorf("stop container %s: %w", c.ID, err)
 		}
 	}
 	if err := s.detachSandbox(ctx, sb); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	if sb.State != store.SandboxNotReady {
 		if _, err := s.store.Sandboxes.Modify(sb.ID, func(r *store.Sandbox) error {
 			r.State = store.SandboxNotReady
 			return nil
 		}); err != nil {
-			return nil, toStatus(fmt.Errorf("record sandbox stopped: %w", err))
+			return nil, fmt.Errorf("record sandbox stopped: %w", err)
 		}
 		s.log.Info("sandbox stopped", "sandbox", sb.ID)
 	}

@@ -1,8 +1,9 @@
-// Package cri serves the CRI v1 RuntimeService and ImageService over cocoon: one file per RPC or
-// family of RPCs, the way containerd's internal/cri/server is laid out. Records live in pkg/store,
-// VMs in cocoon (through pkg/cocoon), network namespaces in tapmanager and images in imagestore.
-// List and Status RPCs are answered from the store; only lifecycle RPCs call cocoon.
-package cri
+// Package vmruntime is cocoon-cri's own CRI runtime: pods as cocoon VMs. It serves the CRI v1
+// RuntimeService and ImageService behind the edge (package cri), one file per RPC or family of
+// RPCs, the way containerd's internal/cri/server is laid out. Records live in pkg/store, VMs in
+// cocoon (through pkg/cocoon), network namespaces in tapmanager and images in imagestore. List and
+// Status RPCs are answered from the store; only lifecycle RPCs call cocoon.
+package vmruntime
 
 import (
 	"context"
@@ -64,6 +65,11 @@ type Config struct {
 	// OrphanPolicy says what the startup reconcile does with VMs named like cocoon-cri's that no
 	// record claims: OrphanAlert (the default), OrphanDestroy or OrphanKeep.
 	OrphanPolicy OrphanPolicy
+	// Cgroups places VMs into pod cgroups with the kubelet's cgroup driver; nil is cgroupfs.
+	Cgroups cgroups.Driver
+	// PullOnCreate: OCI images are pulled by another runtime (passthrough), so CreateContainer
+	// brings an OCI VM image into cocoon when a VM pod needs it.
+	PullOnCreate bool
 }
 
 // Observer is told what the runtime finds outside any RPC: VMs with cocoon-cri's names that no
@@ -100,9 +106,10 @@ type Server struct {
 	netReady *refresh.Value[struct{}]
 	streams  *streaming.Server
 	events   eventHub
-	// cgroups finds the node's cgroup hierarchies, once, when a pod first names a cgroup parent.
-	cgroups func() (*cgroups.Host, error)
-	cpuRate vmstats.CPURate // previous CPU samples, by container ID
+	cgroups  cgroups.Driver
+	cpuRate  vmstats.CPURate // previous CPU samples, by container ID
+
+	pullAuths pullAuths
 
 	iosMu   sync.Mutex
 	ios     map[string]*containerIO // running containers' streams, by container ID
@@ -132,6 +139,9 @@ func New(cfg Config, log *slog.Logger, st *store.Store, cc *cocoon.Client, nets 
 	if cfg.GuestSSH.Port == 0 {
 		cfg.GuestSSH.Port = 22
 	}
+	if cfg.Cgroups == nil {
+		cfg.Cgroups, _ = cgroups.New(cgroups.Cgroupfs) // the cgroupfs driver cannot fail to make
+	}
 	if cfg.GuestReadyTimeout <= 0 {
 		cfg.GuestReadyTimeout = 2 * time.Minute
 	}
@@ -139,7 +149,7 @@ func New(cfg Config, log *slog.Logger, st *store.Store, cc *cocoon.Client, nets 
 		cfg: cfg, log: log, store: st, cocoon: cc, net: nets, images: images,
 		health:  newCocoonHealth(cc, cfg.StatusProbeInterval),
 		ios:     map[string]*containerIO{},
-		cgroups: sync.OnceValues(cgroups.Detect),
+		cgroups: cfg.Cgroups,
 		netReady: refresh.New(networkProbeInterval, probeTimeout, func(ctx context.Context) (struct{}, error) {
 			return struct{}{}, nets.Ready(ctx)
 		}),
@@ -173,7 +183,7 @@ func (s *Server) now() int64 { return s.nowFunc().UnixNano() }
 func verboseInfo(v any) (map[string]string, error) {
 	data, err := json.Marshal(v)
 	if err != nil {
-		return nil, toStatus(fmt.Errorf("encode verbose info: %w", err))
+		return nil, fmt.Errorf("encode verbose info: %w", err)
 	}
 	return map[string]string{"info": string(data)}, nil
 }

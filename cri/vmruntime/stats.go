@@ -1,4 +1,4 @@
-package cri
+package vmruntime
 
 import (
 	"context"
@@ -23,7 +23,7 @@ import (
 func (s *Server) ContainerStats(_ context.Context, req *runtimeapi.ContainerStatsRequest) (*runtimeapi.ContainerStatsResponse, error) {
 	c, err := s.findContainer(req.GetContainerId())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	return &runtimeapi.ContainerStatsResponse{Stats: s.sampleContainer(c, s.now()).stats}, nil
 }
@@ -61,7 +61,7 @@ func (s *Server) listContainerStats(f *runtimeapi.ContainerStatsFilter) []*runti
 func (s *Server) PodSandboxStats(_ context.Context, req *runtimeapi.PodSandboxStatsRequest) (*runtimeapi.PodSandboxStatsResponse, error) {
 	sb, err := s.visibleSandbox(req.GetPodSandboxId())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	return &runtimeapi.PodSandboxStatsResponse{Stats: s.sandboxStats(sb, s.sandboxContainers(sb.ID))}, nil
 }

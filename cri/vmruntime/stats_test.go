@@ -1,15 +1,14 @@
-package cri
+package vmruntime
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/cocoonstack/cocoon-cri/imagestore"
@@ -150,7 +149,8 @@ func TestStatsFromTheHypervisorProcess(t *testing.T) {
 	if err != nil || one.GetStats().GetAttributes().GetId() != "running" {
 		t.Fatalf("ContainerStats by prefix: %v, %v", one, err)
 	}
-	if _, err := s.ContainerStats(ctx, &runtimeapi.ContainerStatsRequest{ContainerId: "nope"}); status.Code(err) != codes.NotFound {
+	// The edge maps the error to NotFound.
+	if _, err := s.ContainerStats(ctx, &runtimeapi.ContainerStatsRequest{ContainerId: "nope"}); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("ContainerStats of an unknown container: %v", err)
 	}
 

@@ -1,4 +1,4 @@
-package cri
+package vmruntime
 
 import (
 	"bytes"
@@ -47,7 +47,7 @@ func (s *Server) ExecSync(ctx context.Context, req *runtimeapi.ExecSyncRequest) 
 	}
 	sb, c, err := s.runningContainer(req.GetContainerId())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	if req.GetTimeout() > 0 {
 		var cancel context.CancelFunc
@@ -64,7 +64,7 @@ func (s *Server) ExecSync(ctx context.Context, req *runtimeapi.ExecSyncRequest) 
 		return nil, status.Errorf(codes.DeadlineExceeded, "command %q timed out after %ds", req.GetCmd(), req.GetTimeout())
 	}
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	return &runtimeapi.ExecSyncResponse{Stdout: stdout.Bytes(), Stderr: stderr.Bytes(), ExitCode: int32(code)}, nil
 }
@@ -78,13 +78,13 @@ func (s *Server) Exec(ctx context.Context, req *runtimeapi.ExecRequest) (*runtim
 		return nil, err
 	}
 	if _, _, err := s.runningContainer(req.GetContainerId()); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	if !s.hasExecPath(ctx) {
 		return nil, errNoExecPath
 	}
 	resp, err := s.streams.GetExec(req)
-	return resp, toStatus(err)
+	return resp, err
 }
 
 // Attach hands out the URL of an attach stream: the main process's streams, or the VM's console
@@ -94,10 +94,10 @@ func (s *Server) Attach(_ context.Context, req *runtimeapi.AttachRequest) (*runt
 		return nil, err
 	}
 	if _, _, err := s.runningContainer(req.GetContainerId()); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	resp, err := s.streams.GetAttach(req)
-	return resp, toStatus(err)
+	return resp, err
 }
 
 // PortForward hands out the URL of a port-forward stream to the pod IP.
@@ -108,10 +108,10 @@ func (s *Server) PortForward(_ context.Context, req *runtimeapi.PortForwardReque
 		}
 	}
 	if _, err := s.sandboxAddress(req.GetPodSandboxId()); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	resp, err := s.streams.GetPortForward(req)
-	return resp, toStatus(err)
+	return resp, err
 }
 
 // ReopenContainerLog starts a new log file at the container's log path, after the kubelet renamed
@@ -119,14 +119,14 @@ func (s *Server) PortForward(_ context.Context, req *runtimeapi.PortForwardReque
 func (s *Server) ReopenContainerLog(_ context.Context, req *runtimeapi.ReopenContainerLogRequest) (*runtimeapi.ReopenContainerLogResponse, error) {
 	_, c, err := s.runningContainer(req.GetContainerId())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	cio := s.ioOf(c.ID)
 	if cio == nil || cio.log == nil {
 		return nil, precondition("container %s writes no log (it has no log path)", c.ID)
 	}
 	if err := cio.log.Reopen(); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	return &runtimeapi.ReopenContainerLogResponse{}, nil
 }

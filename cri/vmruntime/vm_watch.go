@@ -1,4 +1,4 @@
-package cri
+package vmruntime
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"syscall"
 	"time"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
@@ -102,28 +104,56 @@ func (s *Server) checkRunning(ctx context.Context, vms []cocoon.VM) {
 	for _, vm := range vms {
 		byID[vm.ID] = vm
 	}
+	// Several at once: each suspect may wait staleSettle for a second look; a few cocoon calls at
+	// a time, after a node-wide crash too.
+	var g errgroup.Group
+	g.SetLimit(checkConcurrency)
 	for _, c := range s.store.Containers.List(func(c *store.Container) bool { return c.State == store.ContainerRunning }) {
 		vm, ok := byID[c.VM.ID]
 		if ok && vm.State == cocoon.VMStateRunning && processAlive(vm.PID) {
 			continue
 		}
-		s.checkVMEnded(ctx, c.SandboxID, c.ID, c.VM.ID)
+		g.Go(func() error {
+			s.checkVMEnded(ctx, c.SandboxID, c.ID, c.VM.ID)
+			return nil
+		})
+	}
+	_ = g.Wait()
+}
+
+// checkConcurrency bounds the VMs checked at once by a sweep.
+const checkConcurrency = 8
+
+// staleSettle is how long a VM whose hypervisor is gone while cocoon's record still says running
+// ("stopped (stale)") is given before it counts as crashed: cocoon's own vm stop and vm rm end the
+// hypervisor first and write the record after, and a look in between must not call that a crash.
+const staleSettle = 3 * time.Second
+
+// checkVMEnded asks cocoon about a running container's VM and, if it is no longer running,
+// records the container's end. A stale VM is looked at again after staleSettle.
+func (s *Server) checkVMEnded(ctx context.Context, sandboxID, containerID, vmID string) {
+	if !s.checkVMEndedOnce(ctx, sandboxID, containerID, vmID, false) {
+		return
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(staleSettle):
+		s.checkVMEndedOnce(ctx, sandboxID, containerID, vmID, true)
 	}
 }
 
-// checkVMEnded asks cocoon about a running container's VM and, if it is no longer running,
-// records the container's end. It holds the sandbox lock, so a stop or removal in flight is seen
-// through: their own exit status stands.
-func (s *Server) checkVMEnded(ctx context.Context, sandboxID, containerID, vmID string) {
+// checkVMEndedOnce is one look, under the sandbox lock so a stop or removal in flight is seen
+// through (their own exit status stands). It reports a stale VM it left for a second look.
+func (s *Server) checkVMEndedOnce(ctx context.Context, sandboxID, containerID, vmID string, settled bool) (again bool) {
 	unlock := s.locks.Lock(sandboxID)
 	defer unlock()
 	c, err := s.store.Containers.Get(containerID)
 	if err != nil || c.State != store.ContainerRunning || c.VM.ID != vmID {
-		return
+		return false
 	}
 	sb, err := s.store.Sandboxes.Get(sandboxID)
 	if err != nil {
-		return
+		return false
 	}
 	vm, err := s.cocoon.VMInspect(ctx, vmID)
 	var st exitStatus
@@ -132,13 +162,15 @@ func (s *Server) checkVMEnded(ctx context.Context, sandboxID, containerID, vmID 
 		st = exitStatus{killedExitCode, reasonVMGone, "the VM was removed from cocoon outside cocoon-cri"}
 	case err != nil:
 		s.log.Warn("inspecting a VM that may have ended failed", "container", c.ID, "vm", vmID, "err", err)
-		return
+		return false
 	case vm.State == cocoon.VMStateStopped:
 		st = exitStatus{0, reasonVMStopped, "the VM stopped outside cocoon-cri (its guest powered off, or cocoon vm stop)"}
+	case vm.State == cocoon.VMStateStale && !settled:
+		return true
 	case vmEnded(vm.State):
 		st = exitStatus{killedExitCode, reasonVMCrashed, fmt.Sprintf("the hypervisor process ended unexpectedly (cocoon reports %q)", vm.State)}
 	default:
-		return
+		return false
 	}
 	// The pod interface goes back to the pod, so the kubelet's next container can take it.
 	if err := s.reclaimInterface(sb, c); err != nil {
@@ -146,9 +178,10 @@ func (s *Server) checkVMEnded(ctx context.Context, sandboxID, containerID, vmID 
 	}
 	if err := s.recordExit(c, st); err != nil {
 		s.log.Error("recording the end of a VM failed", "container", c.ID, "err", err)
-		return
+		return false
 	}
 	s.log.Warn("container exited: its VM ended outside cocoon-cri", "container", c.ID, "vm", vmID, "reason", st.reason)
+	return false
 }
 
 // vmEnded reports whether a VM in this state no longer runs its guest.

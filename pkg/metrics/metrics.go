@@ -61,13 +61,13 @@ func New(st *store.Store, version string) *Metrics {
 		reg: prometheus.NewRegistry(),
 		rpcs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "rpc_requests_total",
-			Help: "CRI gRPC requests handled, by service, method and gRPC status code.",
-		}, []string{"service", "method", "code"}),
+			Help: "CRI gRPC requests handled, by service, method, the runtime that served them (cocoon, passthrough, or both for merged answers) and gRPC status code.",
+		}, []string{"service", "method", "runtime", "code"}),
 		rpcSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace, Name: "rpc_duration_seconds",
-			Help:    "Time to handle a CRI gRPC request (a stream: its whole life), by service and method.",
+			Help:    "Time to handle a CRI gRPC request (a stream: its whole life), by service, method and the runtime that served it.",
 			Buckets: rpcBuckets,
-		}, []string{"service", "method"}),
+		}, []string{"service", "method", "runtime"}),
 		cocoonSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace, Name: "cocoon_call_duration_seconds",
 			Help:    "Time a cocoon command ran, failed or not, by subcommand (\"vm clone\").",

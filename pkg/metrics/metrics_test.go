@@ -11,9 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
 	"github.com/cocoonstack/cocoon-cri/pkg/store/storetest"
@@ -116,36 +114,24 @@ func TestHooksAppearInTheExposition(t *testing.T) {
 	}
 }
 
-// The interceptors count unary and streaming RPCs by service, method and the code the client sees.
-func TestInterceptorsCountRPCsByCode(t *testing.T) {
+// RPCs are counted by service, method, the runtime that served them and the code the client saw.
+func TestRPCsCountedByRuntimeAndCode(t *testing.T) {
 	m := New(nil, "test")
-	unary := m.UnaryServerInterceptor()
-	call := func(method string, err error) {
-		info := &grpc.UnaryServerInfo{FullMethod: method}
-		_, got := unary(context.Background(), nil, info, func(context.Context, any) (any, error) { return "resp", err })
-		if !errors.Is(got, err) {
-			t.Fatalf("the interceptor changed the handler's error: %v", got)
-		}
-	}
-	call("/runtime.v1.RuntimeService/RunPodSandbox", nil)
-	call("/runtime.v1.RuntimeService/RunPodSandbox", nil)
-	call("/runtime.v1.RuntimeService/StartContainer", status.Error(codes.FailedPrecondition, "another VM runs"))
-	call("/runtime.v1.ImageService/PullImage", errors.New("no status in it"))
-
-	stream := m.StreamServerInterceptor()
-	info := &grpc.StreamServerInfo{FullMethod: "/runtime.v1.RuntimeService/GetContainerEvents", IsServerStream: true}
-	if err := stream(nil, nil, info, func(any, grpc.ServerStream) error { return nil }); err != nil {
-		t.Fatal(err)
-	}
+	m.RPCDone("/runtime.v1.RuntimeService/RunPodSandbox", "cocoon", time.Millisecond, codes.OK)
+	m.RPCDone("/runtime.v1.RuntimeService/RunPodSandbox", "cocoon", time.Millisecond, codes.OK)
+	m.RPCDone("/runtime.v1.RuntimeService/RunPodSandbox", "passthrough", time.Millisecond, codes.OK)
+	m.RPCDone("/runtime.v1.RuntimeService/StartContainer", "cocoon", time.Millisecond, codes.FailedPrecondition)
+	m.RPCDone("/runtime.v1.ImageService/PullImage", "passthrough", time.Millisecond, codes.Unavailable)
+	m.RPCDone("/runtime.v1.RuntimeService/ListPodSandbox", "both", time.Millisecond, codes.OK)
 
 	const rt = `service="runtime.v1.RuntimeService"`
 	expect(t, scrape(t, m), map[string]string{
-		`cocoon_cri_rpc_requests_total{code="OK",method="RunPodSandbox",` + rt + `}`:                         "2",
-		`cocoon_cri_rpc_requests_total{code="FailedPrecondition",method="StartContainer",` + rt + `}`:        "1",
-		`cocoon_cri_rpc_requests_total{code="Unknown",method="PullImage",service="runtime.v1.ImageService"}`: "1",
-		`cocoon_cri_rpc_requests_total{code="OK",method="GetContainerEvents",` + rt + `}`:                    "1",
-		`cocoon_cri_rpc_duration_seconds_count{method="RunPodSandbox",` + rt + `}`:                           "2",
-		`cocoon_cri_rpc_duration_seconds_count{method="GetContainerEvents",` + rt + `}`:                      "1",
+		`cocoon_cri_rpc_requests_total{code="OK",method="RunPodSandbox",runtime="cocoon",` + rt + `}`:                                  "2",
+		`cocoon_cri_rpc_requests_total{code="OK",method="RunPodSandbox",runtime="passthrough",` + rt + `}`:                             "1",
+		`cocoon_cri_rpc_requests_total{code="FailedPrecondition",method="StartContainer",runtime="cocoon",` + rt + `}`:                 "1",
+		`cocoon_cri_rpc_requests_total{code="Unavailable",method="PullImage",runtime="passthrough",service="runtime.v1.ImageService"}`: "1",
+		`cocoon_cri_rpc_requests_total{code="OK",method="ListPodSandbox",runtime="both",` + rt + `}`:                                   "1",
+		`cocoon_cri_rpc_duration_seconds_count{method="RunPodSandbox",runtime="cocoon",` + rt + `}`:                                    "2",
 	})
 }
 

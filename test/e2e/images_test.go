@@ -16,7 +16,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
-	"github.com/cocoonstack/cocoon-cri/cri"
+	"github.com/cocoonstack/cocoon-cri/cri/vmruntime"
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
 )
@@ -134,7 +134,7 @@ func (n *node) importDirect(ctx context.Context, ref, digest string, r io.Reader
 		return err
 	}
 	defer conn.Close()
-	_, err = cri.ImportImage(ctx, conn, ref, digest, r)
+	_, err = vmruntime.ImportImage(ctx, conn, ref, digest, r)
 	return err
 }
 

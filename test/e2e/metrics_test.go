@@ -60,7 +60,7 @@ func TestMetrics(t *testing.T) {
 	n.pull(ref)
 	_, ctrID, _ := n.runningPod("web", ref)
 
-	const rt, is = `service="runtime.v1.RuntimeService"`, `service="runtime.v1.ImageService"`
+	const rt, is = `runtime="cocoon",service="runtime.v1.RuntimeService"`, `runtime="cocoon",service="runtime.v1.ImageService"`
 	atLeastOne := []string{
 		`cocoon_cri_rpc_requests_total{code="OK",method="RunPodSandbox",` + rt + `}`,
 		`cocoon_cri_rpc_requests_total{code="OK",method="CreateContainer",` + rt + `}`,
