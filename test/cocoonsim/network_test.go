@@ -48,9 +48,8 @@ func TestCNIRunWiresGuestIntoItsOwnNetns(t *testing.T) {
 
 	ip := nc.Network.IP
 	lab.mustProbe(lab.ns, ip, "web "+ip)
-	if err := lab.ping(ip); err != nil {
-		t.Fatalf("ping %s: %v", ip, err)
-	}
+	// One echo may be lost on a loaded machine (the reply crosses the hypervisor's relay): retry.
+	eventually(t, "an answer to ping "+ip, func() bool { return lab.ping(ip) == nil })
 	if got := lab.neighbourMAC(ip); got != nc.Mac {
 		t.Fatalf("neighbour table has %s at %q, want the VM's MAC %s", ip, got, nc.Mac)
 	}

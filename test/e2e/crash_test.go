@@ -269,7 +269,7 @@ func (n *node) runScenario(sc crashScenario, tag, point string) {
 		if err == nil {
 			continue
 		}
-		if point == "" || crashed || !n.died() {
+		if point == "" || crashed || !n.died(5*time.Second) {
 			n.t.Fatalf("%s %s: step %s: %v\n%s", sc.name, point, step.name, err, n.log())
 		}
 		crashed = true
@@ -281,17 +281,18 @@ func (n *node) runScenario(sc crashScenario, tag, point string) {
 		n.checkConsistent(fmt.Sprintf("%s %s after %s", sc.name, point, step.name))
 	}
 	if point != "" && !crashed {
-		// The point was passed after the last step answered (a background write): the daemon
-		// still dies there, and a restart must find everything in order.
-		if n.died() {
+		// The point was passed after the last step answered (a background write, as the trace
+		// run saw it): the daemon still dies there, maybe late on a loaded machine, and a restart
+		// must find everything in order.
+		if n.died(30 * time.Second) {
 			n.start()
 		}
 	}
 	n.checkNothingLeft(fmt.Sprintf("%s %s", sc.name, point))
 }
 
-// died waits briefly for the daemon to exit and reports whether it did.
-func (n *node) died() bool {
+// died waits up to within for the daemon to exit and reports whether it did.
+func (n *node) died(within time.Duration) bool {
 	if n.daemon == nil {
 		return true
 	}
@@ -299,7 +300,7 @@ func (n *node) died() bool {
 	case <-n.exited:
 		n.daemon = nil
 		return true
-	case <-time.After(5 * time.Second):
+	case <-time.After(within):
 		return false
 	}
 }

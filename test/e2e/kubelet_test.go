@@ -233,7 +233,8 @@ spec:
 
 // TestKubelet: a real kubelet (standalone, static pods) runs VM pods through cocoon-cri on the
 // default handler. It pulls the images from a registry, the pods run, an exec readiness probe
-// turns Ready only once the guest has the file it tests, a TCP liveness probe to the pod IP holds,
+// turns Ready only once the guest has the file it tests, a TCP liveness probe to the pod IP holds
+// once a startup probe saw the guest answer (a clone answers at the pod IP only once it is set up),
 // /containerLogs serves the VM's console, /exec runs a command in the guest, a guest that crashes
 // is restarted by the kubelet, and removing the manifests removes the VMs, the pods' network
 // namespaces and the sandboxes. The host's sysctls stay as they were (the run's host guard checks
@@ -248,6 +249,10 @@ func TestKubelet(t *testing.T) {
 	k.addPod("web", staticPod("web", reg.Host+"/kubelet/web:1", `    readinessProbe:
       exec: {command: [sh, -c, "test -e /run/ready"]}
       periodSeconds: 1
+    startupProbe:
+      tcpSocket: {port: 80}
+      periodSeconds: 1
+      failureThreshold: 180
     livenessProbe:
       tcpSocket: {port: 80}
       periodSeconds: 2

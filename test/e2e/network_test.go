@@ -54,8 +54,9 @@ func (n *node) answerFromNode(addr string, want func(string) bool) string {
 	var line string
 	n.inNode(func() error {
 		var err error
-		// Generous: a real kernel under software emulation boots in seconds, more on a busy machine.
-		deadline := time.Now().Add(90 * time.Second)
+		// Generous: a real kernel under software emulation boots in seconds, and in minutes on a busy
+		// machine (test/cocoonsim/qemu allows its boot three).
+		deadline := time.Now().Add(3 * time.Minute)
 		for {
 			line, err = readLine(addr)
 			if (err == nil && want(line)) || time.Now().After(deadline) {

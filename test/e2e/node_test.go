@@ -262,8 +262,10 @@ func (n *node) crictl(args ...string) (string, error) {
 // crictlWithStdin is crictl with its standard input read from stdin.
 func (n *node) crictlWithStdin(stdin io.Reader, args ...string) (string, error) {
 	endpoint := "unix://" + n.socket
-	full := append([]string{"--runtime-endpoint", endpoint, "--image-endpoint", endpoint, "--timeout", "60s"}, args...)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	// Generous per RPC: fifty pods start at once in one test, through the race-built daemon on two
+	// cores, and the simulator's clones then take seconds each.
+	full := append([]string{"--runtime-endpoint", endpoint, "--image-endpoint", endpoint, "--timeout", "3m"}, args...)
+	ctx, cancel := context.WithTimeout(context.Background(), 7*time.Minute)
 	defer cancel()
 	// In the node's namespace: exec, attach and port-forward URLs point at its loopback.
 	cmd := exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + n.nodeNS, "--", bins.crictl}, full...)...)

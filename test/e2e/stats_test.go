@@ -331,8 +331,12 @@ func TestCgroupParentHoldsTheHypervisor(t *testing.T) {
 
 	// The VM's cgroup goes as the VM stops; a parent cocoon-cri made goes with the container.
 	n.mustCrictl("stop", ctrID)
-	if left := cgroupDirs(cgroup); len(left) != 0 {
-		t.Fatalf("the container's cgroup is left after stop: %v", left)
+	deadline := time.Now().Add(30 * time.Second)
+	for left := cgroupDirs(cgroup); len(left) != 0; left = cgroupDirs(cgroup) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the container's cgroup is left 30 s after stop: %v", left)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	n.mustCrictl("rm", ctrID)
 	n.mustCrictl("stopp", podID)

@@ -124,7 +124,8 @@ func within() (context.Context, context.CancelFunc) {
 // explicitly: net/http dials on goroutines of its own, which run in whatever namespace their
 // thread has.
 func (n *node) httpGetInNode(url string) (status int, body string, err error) {
-	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+	// Generous: sixteen of these run at once through the race-built daemon on two cores.
+	client := &http.Client{Timeout: time.Minute, Transport: &http.Transport{
 		DisableKeepAlives: true,
 		TLSClientConfig:   &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // the test kubelet's self-signed certificate
 		DialContext: func(ctx context.Context, network, addr string) (conn net.Conn, err error) {
