@@ -53,6 +53,13 @@ func codeOf(err error) codes.Code {
 	return codes.Internal
 }
 
+// isUnreachable reports an error of a runtime that did not answer (down, or too slow to), as
+// against one that answered with a refusal.
+func isUnreachable(err error) bool {
+	code := status.Code(err)
+	return code == codes.Unavailable || code == codes.DeadlineExceeded
+}
+
 func invalid(format string, args ...any) error {
 	return status.Errorf(codes.InvalidArgument, format, args...)
 }

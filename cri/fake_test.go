@@ -29,6 +29,7 @@ type fakeRuntime struct {
 	driver     *runtimeapi.CgroupDriver // nil: RuntimeConfig is Unimplemented
 	listErr    error
 	fsMount    string
+	fsErr      error
 	events     []*runtimeapi.ContainerEventResponse
 	eventsEnd  error // how the event stream ends once its events are sent; nil: when the client goes
 	pullErr    error
@@ -221,6 +222,9 @@ func (f *fakeRuntime) ListImages(context.Context, *runtimeapi.ListImagesRequest)
 
 func (f *fakeRuntime) ImageFsInfo(context.Context, *runtimeapi.ImageFsInfoRequest) (*runtimeapi.ImageFsInfoResponse, error) {
 	f.record("ImageFsInfo")
+	if f.fsErr != nil {
+		return nil, f.fsErr
+	}
 	fs := func(used uint64) []*runtimeapi.FilesystemUsage {
 		return []*runtimeapi.FilesystemUsage{{Timestamp: 1, FsId: &runtimeapi.FilesystemIdentifier{Mountpoint: f.fsMount},
 			UsedBytes: &runtimeapi.UInt64Value{Value: used}, InodesUsed: &runtimeapi.UInt64Value{Value: used / 100}}}

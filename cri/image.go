@@ -146,13 +146,25 @@ func union(a, b []string) []string {
 
 // ImageFsInfo reports both runtimes' filesystems, the passthrough runtime's first: the kubelet
 // reads only the first one. Where both keep their data on one filesystem, that filesystem is
-// listed once with the usage of both.
+// listed once with the usage of both. With the passthrough runtime unreachable it reports
+// cocoon's alone: the kubelet and crictl call ImageFsInfo to check the image service before
+// anything else, and must not be refused the VM pods because containerd is down.
 func (r *Router) ImageFsInfo(ctx context.Context, req *runtimeapi.ImageFsInfoRequest) (*runtimeapi.ImageFsInfoResponse, error) {
 	if r.pass == nil {
 		return r.toVM(ctx).ImageFsInfo(ctx, req)
 	}
 	vm, pass, err := fromBoth(ctx, r, func(ctx context.Context, b Backend) (*runtimeapi.ImageFsInfoResponse, error) {
-		return b.ImageFsInfo(ctx, req)
+		if b != r.pass {
+			return b.ImageFsInfo(ctx, req)
+		}
+		ctx, cancel := context.WithTimeout(ctx, passthroughProbeTimeout)
+		defer cancel()
+		resp, err := b.ImageFsInfo(ctx, req)
+		if isUnreachable(err) {
+			r.log.Warn("image filesystems without the passthrough runtime's", "passthrough", r.passName, "err", err)
+			return &runtimeapi.ImageFsInfoResponse{}, nil
+		}
+		return resp, err
 	})
 	if err != nil {
 		return nil, err

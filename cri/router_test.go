@@ -480,6 +480,26 @@ func TestImageFsInfoSharesOneFilesystem(t *testing.T) {
 	}
 }
 
+// TestImageFsInfoWithoutThePassthroughRuntime: clients check the image service with ImageFsInfo
+// before anything else; with containerd down they still reach the VM pods, with cocoon's
+// filesystems. A refusal of the passthrough runtime is still an error.
+func TestImageFsInfoWithoutThePassthroughRuntime(t *testing.T) {
+	r, vm, pass := newRouter(false)
+	vm.fsMount, pass.fsMount = "/vm", "/pass"
+	pass.fsErr = status.Error(codes.Unavailable, "passthrough runtime x is unavailable")
+	resp, err := r.ImageFsInfo(ctx, &runtimeapi.ImageFsInfoRequest{})
+	if err != nil {
+		t.Fatalf("ImageFsInfo with the passthrough runtime down: %v", err)
+	}
+	if fss := resp.GetImageFilesystems(); len(fss) != 1 || fss[0].GetFsId().GetMountpoint() != "/vm" {
+		t.Fatalf("image filesystems with the passthrough runtime down: %v", fss)
+	}
+	pass.fsErr = status.Error(codes.Internal, "broken")
+	if _, err := r.ImageFsInfo(ctx, &runtimeapi.ImageFsInfoRequest{}); status.Code(err) != codes.Internal {
+		t.Fatalf("ImageFsInfo with the passthrough runtime failing: %v, want its Internal", err)
+	}
+}
+
 // recorder is an RPCObserver.
 type recorder struct{ done []string }
 

@@ -16,9 +16,10 @@ import (
 	"github.com/cocoonstack/cocoon-cri/pkg/refresh"
 )
 
-// passthroughStatusTimeout bounds the passthrough runtime's part of Status, so that a runtime that
-// hangs shows as not ready instead of holding up the kubelet's view of the VM runtime.
-const passthroughStatusTimeout = 5 * time.Second
+// passthroughProbeTimeout bounds the passthrough runtime's part of Status and ImageFsInfo, the calls
+// clients make to check the runtime, so that a passthrough runtime that hangs shows as not ready
+// instead of holding up the kubelet's view of the VM runtime.
+const passthroughProbeTimeout = 5 * time.Second
 
 // Reasons of the runtime conditions the router adds, in the kubelet's CamelCase.
 const (
@@ -44,7 +45,7 @@ func (r *Router) Status(ctx context.Context, req *runtimeapi.StatusRequest) (*ru
 		passErr error
 	)
 	wg.Go(func() {
-		pctx, cancel := context.WithTimeout(ctx, passthroughStatusTimeout)
+		pctx, cancel := context.WithTimeout(ctx, passthroughProbeTimeout)
 		defer cancel()
 		pass, passErr = r.pass.Status(pctx, req)
 	})
@@ -201,7 +202,7 @@ type cgroupCheck struct {
 }
 
 func newCgroupCheck(vm VMBackend, pass Backend, passName string) *cgroupCheck {
-	return &cgroupCheck{v: refresh.New(cgroupCheckInterval, passthroughStatusTimeout, func(ctx context.Context) (struct{}, error) {
+	return &cgroupCheck{v: refresh.New(cgroupCheckInterval, passthroughProbeTimeout, func(ctx context.Context) (struct{}, error) {
 		return struct{}{}, compareCgroupDrivers(ctx, vm, pass, passName)
 	})}
 }
