@@ -1,5 +1,5 @@
 # cocoon-cri. `make demo` runs a VM pod on the cocoon simulator through crictl; `make test` runs
-# every test. Both set up what they need (Debian packages, crictl/critest) on the first run.
+# every test. Both set up what they need (Debian packages, the test tools) on the first run.
 
 GO        ?= go
 BIN       := $(CURDIR)/bin
@@ -22,8 +22,8 @@ setup:
 	./hack/setup-realguest.sh
 	./hack/setup-erofs.sh
 
-# crictl and critest (pinned in test/tools/go.mod) and the kubelet (test/tools/kubelet/go.mod),
-# built once per version.
+# crictl and critest (pinned in test/tools/go.mod), the kubelet (test/tools/kubelet/go.mod) and
+# containerd with its runc shim and ctr (test/tools/containerd/go.mod), built once per version.
 tools:
 	./hack/build-tools.sh
 
@@ -34,7 +34,7 @@ fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "not gofmt-clean:"; echo "$$out"; exit 1; fi
 
 # Every test, with the race detector. The end-to-end suites drive bin/crictl, bin/critest and
-# bin/kubelet against cocoon-cri on the simulator.
+# bin/kubelet against cocoon-cri on the simulator, with bin/containerd as the passthrough runtime.
 test: setup tools fmt-check vet
 	COCOON_CRI_BIN=$(BIN) $(GO) test -race -count=1 -timeout 40m ./...
 
@@ -43,8 +43,10 @@ demo: setup build
 	./hack/build-tools.sh crictl
 	./hack/demo.sh
 
-bench:
-	$(GO) test -run '^$$' -bench . -benchmem ./...
+# Benchmarks (Go benchmarks, and critest -benchmark against a real containerd and through
+# cocoon-cri), written to docs/performance.md. Run on an idle machine.
+bench: setup tools build
+	./hack/bench.sh
 
 clean:
 	rm -rf $(BIN)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the pinned test clients into bin/: crictl and critest from test/tools, the kubelet from
 # test/tools/kubelet (a module of its own: k8s.io/kubernetes pins its staging modules with replace
-# directives that crictl's module must not inherit). With arguments, only the tools named.
+# directives that crictl's module must not inherit), containerd with its runc shim and ctr from
+# test/tools/containerd (the passthrough runtime of the tests). With arguments, only the tools named.
 # A stamp per binary records the version it was built from, so a repeat run is a no-op.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +31,7 @@ build() {
 }
 
 tools=("$@")
-[ ${#tools[@]} -gt 0 ] || tools=(crictl critest kubelet)
+[ ${#tools[@]} -gt 0 ] || tools=(crictl critest kubelet containerd)
 for tool in "${tools[@]}"; do
   case $tool in
     crictl|critest)
@@ -51,8 +52,17 @@ for tool in "${tools[@]}"; do
       build kubelet "$v" test/tools/kubelet k8s.io/kubernetes/cmd/kubelet build \
         -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$v -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
       ;;
+    containerd)
+      # About 3 minutes on a cold build cache. The shim must sit beside containerd: the tests put
+      # bin/ first on containerd's PATH.
+      v=$(pinned test/tools/containerd github.com/containerd/containerd/v2)
+      ld="-s -w -X github.com/containerd/containerd/v2/version.Version=$v"
+      for cmd in containerd containerd-shim-runc-v2 ctr; do
+        build "$cmd" "$v" test/tools/containerd "github.com/containerd/containerd/v2/cmd/$cmd" build -tags no_btrfs -ldflags "$ld"
+      done
+      ;;
     *)
-      echo "build-tools: unknown tool $tool (crictl, critest, kubelet)" >&2
+      echo "build-tools: unknown tool $tool (crictl, critest, kubelet, containerd)" >&2
       exit 1
       ;;
   esac

@@ -13,6 +13,8 @@ declare -A needs=(
   [/usr/lib/cni/bridge]=containernetworking-plugins   # the reference CNI plugins: bridge, host-local, portmap, loopback
   [/usr/sbin/sshd]=openssh-server   # the simulated guest runs it for ssh_authorized_key; never the host's own
   [docker-registry]=docker-registry  # the OCI registry (distribution v2) image pulls are tested against
+  [/usr/sbin/runc]=runc             # the OCI runtime of the containerd the passthrough tests run beside cocoon-cri
+  [/bin/busybox]=busybox-static     # the one binary of those tests' container image
 )
 
 missing=()

@@ -291,20 +291,6 @@ func (n *node) runScenario(sc crashScenario, tag, point string) {
 	n.checkNothingLeft(fmt.Sprintf("%s %s", sc.name, point))
 }
 
-// died waits up to within for the daemon to exit and reports whether it did.
-func (n *node) died(within time.Duration) bool {
-	if n.daemon == nil {
-		return true
-	}
-	select {
-	case <-n.exited:
-		n.daemon = nil
-		return true
-	case <-time.After(within):
-		return false
-	}
-}
-
 // checkConsistent compares the CRI view with cocoon's records: every running container's VM runs,
 // and every VM named like cocoon-cri's belongs to a container.
 func (n *node) checkConsistent(when string) {
@@ -355,10 +341,10 @@ func (n *node) openLogFiles() []string {
 	if n.daemon == nil {
 		return nil
 	}
-	fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", n.daemon.Process.Pid))
+	fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", n.daemon.PID()))
 	var open []string
 	for _, fd := range fds {
-		target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", n.daemon.Process.Pid, fd.Name()))
+		target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", n.daemon.PID(), fd.Name()))
 		if err == nil && strings.HasPrefix(target, n.podLogs) {
 			open = append(open, target)
 		}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
+	containerdtest "github.com/cocoonstack/cocoon-cri/test/containerd"
 	"github.com/cocoonstack/cocoon-cri/test/registry"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
 )
@@ -27,16 +28,7 @@ var critestSummary = regexp.MustCompile(`(\d+) Passed \| (\d+) Failed`)
 // a focus that matches nothing must not pass silently.
 func (n *node) runCritest(focus, skip string, minPassed int, extraArgs ...string) int {
 	n.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
-	defer cancel()
-	endpoint := "unix://" + n.socket
-	// In the node's namespace, where the streams are served and the pod IPs route.
-	args := []string{"--net=" + n.nodeNS, "--", bins.critest,
-		"--runtime-endpoint", endpoint, "--image-endpoint", endpoint,
-		"--ginkgo.focus", focus, "--ginkgo.skip", skip, "--ginkgo.no-color"}
-	cmd := exec.CommandContext(ctx, "nsenter", append(args, extraArgs...)...)
-	cmd.Dir = n.dir
-	out, err := cmd.CombinedOutput()
+	out, err := n.critest("unix://"+n.socket, focus, skip, extraArgs...)
 	m := critestSummary.FindSubmatch(out)
 	if err != nil || m == nil {
 		n.t.Fatalf("critest --ginkgo.focus %q --ginkgo.skip %q: %v\n%s", focus, skip, err, out)
@@ -50,14 +42,29 @@ func (n *node) runCritest(focus, skip string, minPassed int, extraArgs ...string
 	return passed
 }
 
+// critest runs the CRI validation suite against endpoint, in the node's namespace, where the
+// streams are served and the pod IPs route.
+func (n *node) critest(endpoint, focus, skip string, extraArgs ...string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	args := []string{"--net=" + n.nodeNS, "--", bins.critest,
+		"--runtime-endpoint", endpoint, "--image-endpoint", endpoint,
+		"--ginkgo.focus", focus, "--ginkgo.skip", skip, "--ginkgo.no-color"}
+	cmd := exec.CommandContext(ctx, "nsenter", append(args, extraArgs...)...)
+	cmd.Dir = n.dir
+	return cmd.CombinedOutput()
+}
+
 // TestCritestConformance runs the CRI validation suite against cocoon-cri with --runtime-handler
 // cocoon, skipping only the specs listed in testdata/critest-skips.txt (each with its reason;
 // docs/conformance.md shows them with the results per group). critest's default container image is
 // a snapshot whose guest has busybox's userland (its containers run "top", which needs busybox's
 // to run without a terminal), its web server image one whose guest serves HTTP on port 80; both
-// are pulled from a registry on the node.
+// are pulled from a registry on the node. The node passes other pods to containerd, as deployed:
+// the VM pods must not notice.
 func TestCritestConformance(t *testing.T) {
-	n := newNode(t)
+	n, _ := newPassthroughNode(t, containerdtest.Options{})
+	n.start()
 	reg := n.registry(registry.Options{})
 	n.pushSnapshot(reg.Target(), "critest/busybox:1", "busybox", testimage.SnapshotOptions{Guest: guest.Spec{Busybox: true}}, registry.SnapshotPush{})
 	n.pushSnapshot(reg.Target(), "critest/web:1", "web", testimage.SnapshotOptions{Guest: guest.Spec{Busybox: true, HTTPPort: 80}}, registry.SnapshotPush{})
@@ -79,8 +86,14 @@ func TestCritestConformance(t *testing.T) {
 
 // critestSkips reads testdata/critest-skips.txt into one --ginkgo.skip expression.
 func critestSkips(t *testing.T) string {
+	return skipList(t, "testdata/critest-skips.txt")
+}
+
+// skipList reads a list of critest skips, one ginkgo expression and its reason per line, into one
+// --ginkgo.skip expression.
+func skipList(t *testing.T, file string) string {
 	t.Helper()
-	data, err := os.ReadFile("testdata/critest-skips.txt")
+	data, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +104,7 @@ func critestSkips(t *testing.T) string {
 		}
 		expr, reason, ok := strings.Cut(line, " # ")
 		if !ok || strings.TrimSpace(reason) == "" {
-			t.Fatalf("critest-skips.txt: %q has no reason", line)
+			t.Fatalf("%s: %q has no reason", file, line)
 		}
 		exprs = append(exprs, strings.TrimSpace(expr))
 	}
@@ -103,43 +116,57 @@ type critestGroup struct {
 	passed, failed, skipped int
 }
 
-// critestGroups counts a ginkgo JSON report's specs by top-level group ("Networking").
-func critestGroups(t *testing.T, path string) []critestGroup {
+// critestSpec is one spec of a ginkgo JSON report.
+type critestSpec struct {
+	ContainerHierarchyTexts []string
+	LeafNodeText            string
+	State                   string
+}
+
+func (s critestSpec) name() string {
+	return strings.Join(append(slices.Clone(s.ContainerHierarchyTexts), s.LeafNodeText), " ")
+}
+
+// readCritestReport reads the specs of a ginkgo JSON report.
+func readCritestReport(t *testing.T, path string) []critestSpec {
 	t.Helper()
 	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var reports []struct {
-		SpecReports []struct {
-			ContainerHierarchyTexts []string
-			State                   string
-		}
-	}
+	var reports []struct{ SpecReports []critestSpec }
 	if err := json.Unmarshal(data, &reports); err != nil {
 		t.Fatalf("critest report: %v", err)
 	}
+	var specs []critestSpec
+	for _, r := range reports {
+		specs = append(specs, r.SpecReports...)
+	}
+	return specs
+}
+
+// critestGroups counts a ginkgo JSON report's specs by top-level group ("Networking").
+func critestGroups(t *testing.T, path string) []critestGroup {
+	t.Helper()
 	byName := map[string]*critestGroup{}
 	var groups []critestGroup
-	for _, r := range reports {
-		for _, spec := range r.SpecReports {
-			if len(spec.ContainerHierarchyTexts) == 0 {
-				continue
-			}
-			name := strings.TrimPrefix(spec.ContainerHierarchyTexts[0], "[k8s.io] ")
-			g := byName[name]
-			if g == nil {
-				g = &critestGroup{name: name}
-				byName[name] = g
-			}
-			switch spec.State {
-			case "passed":
-				g.passed++
-			case "skipped", "pending":
-				g.skipped++
-			default:
-				g.failed++
-			}
+	for _, spec := range readCritestReport(t, path) {
+		if len(spec.ContainerHierarchyTexts) == 0 {
+			continue
+		}
+		name := strings.TrimPrefix(spec.ContainerHierarchyTexts[0], "[k8s.io] ")
+		g := byName[name]
+		if g == nil {
+			g = &critestGroup{name: name}
+			byName[name] = g
+		}
+		switch spec.State {
+		case "passed":
+			g.passed++
+		case "skipped", "pending":
+			g.skipped++
+		default:
+			g.failed++
 		}
 	}
 	for _, g := range byName {

@@ -19,6 +19,7 @@ import (
 	"github.com/cocoonstack/cocoon-cri/test/hostguard"
 	"github.com/cocoonstack/cocoon-cri/test/registry"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
+	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
 // kubeletNodeName is the name the kubelet runs under; static pods are named <pod>-<node>.
@@ -31,8 +32,7 @@ type kubelet struct {
 	manifests string
 	sysctls   string // the stand-in sysctl files
 	logFile   string
-	cmd       *exec.Cmd
-	exited    chan error
+	proc      *testproc.Process
 }
 
 // startKubelet runs the kubelet in the node's network namespace and in a mount namespace of its
@@ -90,16 +90,14 @@ imageGCLowThresholdPercent: 99
 	}
 	defer logFile.Close()
 	// nsenter, unshare and sh each exec the next: the PID is the kubelet's.
-	k.cmd = exec.Command("nsenter", "--net="+n.nodeNS, "--", "unshare", "--mount", "--propagation", "private", "--",
+	cmd := exec.Command("nsenter", "--net="+n.nodeNS, "--", "unshare", "--mount", "--propagation", "private", "--",
 		"sh", "-c", setup.String(), "kubelet", bins.kubelet,
 		"--config", configFile, "--root-dir", filepath.Join(k.dir, "root"), "--cert-dir", filepath.Join(k.dir, "pki"),
 		"--hostname-override", kubeletNodeName, "--v", "2")
-	k.cmd.Stdout, k.cmd.Stderr = logFile, logFile
-	if err := k.cmd.Start(); err != nil {
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if k.proc, err = testproc.Start(cmd); err != nil {
 		n.t.Fatal(err)
 	}
-	k.exited = make(chan error, 1)
-	go func() { k.exited <- k.cmd.Wait() }()
 	n.t.Cleanup(k.stop)
 	k.waitFor("the kubelet's health check", time.Minute, func() (bool, string) {
 		status, body, err := n.httpGetInNode("http://127.0.0.1:10248/healthz")
@@ -110,11 +108,11 @@ imageGCLowThresholdPercent: 99
 
 // stop ends the kubelet by PID: SIGTERM, then SIGKILL.
 func (k *kubelet) stop() {
-	if k.cmd == nil {
+	if k.proc == nil {
 		return
 	}
-	terminate(k.cmd.Process, k.exited)
-	k.cmd = nil
+	_, _ = k.proc.Stop(30 * time.Second)
+	k.proc = nil
 	if k.n.t.Failed() {
 		data, _ := os.ReadFile(k.logFile)
 		k.n.t.Logf("kubelet log (last 200 lines):\n%s", lastLines(string(data), 200))
@@ -137,9 +135,8 @@ func (k *kubelet) waitFor(what string, timeout time.Duration, ok func() (bool, s
 			return
 		}
 		select {
-		case err := <-k.exited:
-			k.exited <- err
-			k.n.t.Fatalf("the kubelet exited (%v) while waiting for %s", err, what)
+		case <-k.proc.Done():
+			k.n.t.Fatalf("the kubelet exited (%v) while waiting for %s", k.proc.Err(), what)
 		case <-time.After(500 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {

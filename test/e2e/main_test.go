@@ -42,13 +42,18 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	// The daemon is built with the race detector so the end-to-end runs check it too.
+	// The daemon is built with the race detector so the end-to-end runs check it too; not for the
+	// benchmarks, which measure it.
+	daemonArgs := []string{"-race"}
+	if os.Getenv(benchEnv) != "" {
+		daemonArgs = nil
+	}
 	builds := []struct {
 		out  *string
 		pkg  string
 		args []string
 	}{
-		{&bins.cocoonCRI, "./cmd/cocoon-cri", []string{"-race"}},
+		{&bins.cocoonCRI, "./cmd/cocoon-cri", daemonArgs},
 		{&bins.cocoonSim, "./test/cocoonsim/cmd/cocoon-sim", nil},
 	}
 	for _, b := range builds {

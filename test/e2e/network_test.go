@@ -380,10 +380,7 @@ func TestCrashDuringRunPodSandboxLeaksNothing(t *testing.T) {
 		if _, err := n.crictl("runp", "--runtime", "cocoon", podFile); err == nil {
 			t.Fatalf("%s: RunPodSandbox survived its crash point", point)
 		}
-		select {
-		case <-n.exited:
-			n.daemon = nil
-		case <-time.After(30 * time.Second):
+		if !n.died(30 * time.Second) {
 			t.Fatalf("%s: cocoon-cri did not die at its crash point", point)
 		}
 		n.env = nil

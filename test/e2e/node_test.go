@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -25,6 +24,7 @@ import (
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/tapmanager"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim"
+	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
 // node is one cocoon-cri daemon on the simulator, with every directory it uses under dir.
@@ -45,8 +45,7 @@ type node struct {
 	extra    []string
 	env      []string // more environment for the daemon
 	logFile  string
-	daemon   *exec.Cmd
-	exited   chan error
+	daemon   *testproc.Process
 }
 
 // newNode starts a daemon; extra are more cocoon-cri flags. Everything is stopped and removed when
@@ -58,6 +57,15 @@ func newNode(t *testing.T, extra ...string) *node {
 
 // newNodeWithEnv is newNode with more environment for the daemon (and the cocoon it runs).
 func newNodeWithEnv(t *testing.T, env []string, extra ...string) *node {
+	t.Helper()
+	n := prepareNode(t, env, extra...)
+	n.start()
+	return n
+}
+
+// prepareNode makes a node's directories, namespace and network configuration, without starting
+// the daemon yet.
+func prepareNode(t *testing.T, env []string, extra ...string) *node {
 	t.Helper()
 	// Not t.TempDir: a unix socket path must stay under 108 bytes, and test names are long.
 	dir, err := os.MkdirTemp("", "ccri")
@@ -82,7 +90,6 @@ func newNodeWithEnv(t *testing.T, env []string, extra ...string) *node {
 	t.Cleanup(n.cleanup)
 	n.makeNodeNamespace()
 	n.writeNetworkConfig()
-	n.start()
 	return n
 }
 
@@ -134,6 +141,18 @@ func (n *node) inNode(fn func() error) {
 // start runs the daemon and waits until it answers.
 func (n *node) start() {
 	n.t.Helper()
+	n.launch()
+	if err := n.daemon.WaitReady(time.Minute, 100*time.Millisecond, func() error {
+		_, err := n.crictl("version")
+		return err
+	}); err != nil {
+		n.t.Fatalf("cocoon-cri: %v\n%s", err, n.log())
+	}
+}
+
+// launch starts the daemon process without waiting for it.
+func (n *node) launch() {
+	n.t.Helper()
 	args := []string{
 		"--socket", n.socket, "--state-dir", n.stateDir,
 		"--cocoon-binary", bins.cocoonSim,
@@ -152,26 +171,8 @@ func (n *node) start() {
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.Env = append(os.Environ(), "GORACE=halt_on_error=1 exitcode=66", "COCOON_SIM_NETNS_DIR="+n.vmNetns)
 	cmd.Env = append(cmd.Env, n.env...)
-	if err := cmd.Start(); err != nil {
+	if n.daemon, err = testproc.Start(cmd); err != nil {
 		n.t.Fatal(err)
-	}
-	n.daemon, n.exited = cmd, make(chan error, 1)
-	go func() { n.exited <- cmd.Wait() }()
-
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		if _, err := n.crictl("version"); err == nil {
-			return
-		}
-		select {
-		case err := <-n.exited:
-			n.daemon = nil
-			n.t.Fatalf("cocoon-cri exited at start: %v\n%s", err, n.log())
-		case <-time.After(100 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			n.t.Fatalf("cocoon-cri did not answer within a minute\n%s", n.log())
-		}
 	}
 }
 
@@ -181,16 +182,13 @@ func (n *node) stop() {
 	if n.daemon == nil {
 		return
 	}
-	_ = n.daemon.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-n.exited:
-		n.daemon = nil
-		if err != nil {
-			n.t.Fatalf("cocoon-cri exited with %v after SIGTERM\n%s", err, n.log())
-		}
-	case <-time.After(30 * time.Second):
-		n.kill()
+	clean, err := n.daemon.Stop(30 * time.Second)
+	n.daemon = nil
+	if !clean {
 		n.t.Fatalf("cocoon-cri ignored SIGTERM for 30s\n%s", n.log())
+	}
+	if err != nil {
+		n.t.Fatalf("cocoon-cri exited with %v after SIGTERM\n%s", err, n.log())
 	}
 }
 
@@ -199,9 +197,20 @@ func (n *node) kill() {
 	if n.daemon == nil {
 		return
 	}
-	_ = n.daemon.Process.Kill()
-	<-n.exited
+	n.daemon.Kill()
 	n.daemon = nil
+}
+
+// died waits up to within for the daemon to exit and reports whether it did.
+func (n *node) died(within time.Duration) bool {
+	if n.daemon == nil {
+		return true
+	}
+	if !n.daemon.Exited(within) {
+		return false
+	}
+	n.daemon = nil
+	return true
 }
 
 func (n *node) restart() {
@@ -213,7 +222,7 @@ func (n *node) restart() {
 // cleanup stops the daemon and whatever it left: guest processes, namespaces, files.
 func (n *node) cleanup() {
 	if n.daemon != nil {
-		terminate(n.daemon.Process, n.exited)
+		_, _ = n.daemon.Stop(30 * time.Second)
 		n.daemon = nil
 	}
 	if err := cocoonsim.KillGuests(n.runDir); err != nil {
@@ -237,18 +246,6 @@ func (n *node) cleanup() {
 	}
 }
 
-// terminate stops a process the test started: SIGTERM, and SIGKILL if it is still there after
-// 30 s. exited reports its end.
-func terminate(p *os.Process, exited <-chan error) {
-	_ = p.Signal(syscall.SIGTERM)
-	select {
-	case <-exited:
-	case <-time.After(30 * time.Second):
-		_ = p.Kill()
-		<-exited
-	}
-}
-
 func (n *node) log() string {
 	data, _ := os.ReadFile(n.logFile)
 	return string(data)
@@ -261,7 +258,11 @@ func (n *node) crictl(args ...string) (string, error) {
 
 // crictlWithStdin is crictl with its standard input read from stdin.
 func (n *node) crictlWithStdin(stdin io.Reader, args ...string) (string, error) {
-	endpoint := "unix://" + n.socket
+	return n.crictlTo("unix://"+n.socket, stdin, args...)
+}
+
+// crictlTo runs crictl against another runtime of the node (its containerd).
+func (n *node) crictlTo(endpoint string, stdin io.Reader, args ...string) (string, error) {
 	// Generous per RPC: fifty pods start at once in one test, through the race-built daemon on two
 	// cores, and the simulator's clones then take seconds each.
 	full := append([]string{"--runtime-endpoint", endpoint, "--image-endpoint", endpoint, "--timeout", "3m"}, args...)
@@ -282,7 +283,12 @@ func (n *node) crictlWithStdin(stdin io.Reader, args ...string) (string, error) 
 
 func (n *node) mustCrictl(args ...string) string {
 	n.t.Helper()
-	out, err := n.crictl(args...)
+	return n.mustCrictlTo("unix://"+n.socket, args...)
+}
+
+func (n *node) mustCrictlTo(endpoint string, args ...string) string {
+	n.t.Helper()
+	out, err := n.crictlTo(endpoint, nil, args...)
 	if err != nil {
 		n.t.Fatal(err)
 	}

@@ -1,6 +1,6 @@
 // Package hostguard checks that a test run left the host's own files alone: simulated guests write
-// their /etc files and run commands as root, and the kubelet the conformance test runs sets global
-// sysctls and creates directories, so a mistake there could change the host itself.
+// their /etc files and run commands as root, the kubelet the conformance test runs sets global
+// sysctls and creates directories, and so does containerd: a mistake there could change the host itself.
 package hostguard
 
 import (
@@ -28,8 +28,13 @@ func sysctlPaths() []string {
 	return paths
 }
 
-// kubeletDirs are the host directories a kubelet makes whatever its flags say.
-var kubeletDirs = []string{"/var/log/containers", "/var/log/pods", "/var/lib/kubelet"}
+// runtimeDirs are the host directories a kubelet makes whatever its flags say, and those a
+// containerd makes when its configuration does not move them (the tests' containerd keeps
+// everything under its own directory, its shims' sockets aside, which it removes).
+var runtimeDirs = []string{
+	"/var/log/containers", "/var/log/pods", "/var/lib/kubelet",
+	"/run/containerd", "/var/lib/containerd", "/opt/containerd", "/run/netns", "/sys/fs/cgroup/memory/k8s.io",
+}
 
 // State is what the host looked like before the run.
 type State struct {
@@ -37,7 +42,7 @@ type State struct {
 	exists map[string]bool
 }
 
-// Snapshot records the guarded files and whether the kubelet's directories exist.
+// Snapshot records the guarded files and whether the kubelet's and containerd's directories exist.
 func Snapshot() State {
 	s := State{files: map[string][]byte{}, exists: map[string]bool{}}
 	for _, f := range guarded {
@@ -46,7 +51,7 @@ func Snapshot() State {
 			s.files[f] = data
 		}
 	}
-	for _, d := range kubeletDirs {
+	for _, d := range runtimeDirs {
 		_, err := os.Lstat(d)
 		s.exists[d] = err == nil
 	}

@@ -13,12 +13,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"golang.org/x/crypto/bcrypt"
+
+	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
 // Binary is the registry server Debian's docker-registry package installs.
@@ -39,8 +40,7 @@ type Server struct {
 	// Dir holds its configuration, log and storage.
 	Dir  string
 	opts Options
-	cmd  *exec.Cmd
-	done chan struct{}
+	proc *testproc.Process
 }
 
 // Available reports why no registry server can run here, or nil when one can.
@@ -57,7 +57,7 @@ func Start(t testing.TB, opts Options) *Server {
 	if err := Available(); err != nil {
 		t.Fatal(err)
 	}
-	s := &Server{Dir: t.TempDir(), opts: opts, done: make(chan struct{})}
+	s := &Server{Dir: t.TempDir(), opts: opts}
 	if err := s.writeConfig(); err != nil {
 		t.Fatal(err)
 	}
@@ -126,47 +126,29 @@ func (s *Server) start() error {
 		// nsenter execs the registry in the namespace: the PID is the registry's.
 		argv = append([]string{"nsenter", "--net=" + s.opts.NetNS, "--"}, argv...)
 	}
-	s.cmd = exec.Command(argv[0], argv[1:]...) //nolint:gosec // test helper
-	s.cmd.Stdout, s.cmd.Stderr = logFile, logFile
-	if err := s.cmd.Start(); err != nil {
+	cmd := exec.Command(argv[0], argv[1:]...) //nolint:gosec // test helper
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if s.proc, err = testproc.Start(cmd); err != nil {
 		return fmt.Errorf("start %s: %w", Binary, err)
 	}
-	go func() {
-		_ = s.cmd.Wait()
-		close(s.done)
-	}()
 	return nil
 }
 
 var listening = regexp.MustCompile(`listening on (127\.0\.0\.1:\d+)`)
 
 func (s *Server) waitListening(limit time.Duration) error {
-	deadline := time.After(limit)
-	for {
-		if m := listening.FindSubmatch([]byte(s.Log())); m != nil {
-			s.Host = string(m[1])
-			return nil
+	return s.proc.WaitReady(limit, 20*time.Millisecond, func() error {
+		m := listening.FindSubmatch([]byte(s.Log()))
+		if m == nil {
+			return errors.New("it does not listen yet")
 		}
-		select {
-		case <-s.done:
-			return errors.New("the registry exited at start")
-		case <-deadline:
-			return fmt.Errorf("the registry did not listen within %s", limit)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+		s.Host = string(m[1])
+		return nil
+	})
 }
 
 // stop ends the registry by its PID.
-func (s *Server) stop() {
-	_ = s.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-s.done:
-	case <-time.After(10 * time.Second):
-		_ = s.cmd.Process.Kill()
-		<-s.done
-	}
-}
+func (s *Server) stop() { _, _ = s.proc.Stop(10 * time.Second) }
 
 func (s *Server) logPath() string { return filepath.Join(s.Dir, "registry.log") }
 
