@@ -16,6 +16,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	containerdtest "github.com/cocoonstack/cocoon-cri/test/containerd"
+	"github.com/cocoonstack/cocoon-cri/test/registry"
 )
 
 // newPassthroughNode is a node with a real containerd beside cocoon-cri, as on a kubeadm node: in
@@ -398,4 +399,47 @@ func TestKubeletThroughPassthrough(t *testing.T) {
 		left := n.mustCrictlTo(ctrd.Endpoint(), "pods", "-q")
 		return left == "", "containerd still has " + left
 	})
+}
+
+// TestPassthroughOCIVMImage: on a passthrough node the kubelet's PullImage carries no handler, so
+// a plain OCI image, an OCI VM image among them, goes to containerd. A VM pod that then needs it
+// gets it brought into cocoon at CreateContainer, with the credentials the pull was given, and
+// boots from it; containerd's copy stays where it was.
+func TestPassthroughOCIVMImage(t *testing.T) {
+	n, ctrd := newPassthroughNode(t, containerdtest.Options{})
+	n.start()
+	if !erofsHasTar() {
+		t.Skip("mkfs.erofs has no --tar: cocoon cannot bring in an OCI VM image here (make setup builds one)")
+	}
+	reg := n.registry(registry.Options{Username: "puller", Password: "s3cret"})
+	pushed := n.pushOCIImage(reg.Target(), "e2e/vm:v1")
+	ref := reg.Host + "/e2e/vm:v1"
+	n.mustCrictl("pull", "--creds", "puller:s3cret", ref)
+	if images := n.mustCrictlTo(ctrd.Endpoint(), "images", "-q"); !strings.Contains(images, "sha256:") {
+		t.Fatalf("containerd did not pull %s: %q", ref, images)
+	}
+	if len(n.cocoonImages()) != 0 {
+		t.Fatalf("an OCI image without a handler went to cocoon: %v", n.cocoonImages())
+	}
+
+	_, ctrID, _ := n.runningPod("vm", ref)
+	n.assertRunning(ctrID)
+	if len(n.cocoonImages()) != 1 || !strings.Contains(n.log(), "image brought into cocoon for a VM pod") {
+		t.Fatalf("the image was not brought into cocoon: %+v", n.cocoonImages())
+	}
+	if got, _ := field(n.inspect("inspect", ctrID), "status", "imageRef").(string); got != reg.Host+"/e2e/vm@"+pushed.Digest {
+		t.Errorf("the VM container's image: %q, want the pulled manifest %s", got, pushed.Digest)
+	}
+
+	// containerd's busybox is no VM image, and its registry is out of reach: a clear refusal.
+	busybox, _ := ctrd.Images()
+	podFile := n.configFile("bb-pod.json", n.podConfig("bb", "uid-bb"))
+	podID := n.mustCrictl("runp", "--runtime", "cocoon", podFile)
+	_, err := n.crictl("create", "--no-pull", podID, n.configFile("bb-ctr.json", containerConfig("app", busybox)), podFile)
+	if err == nil || !strings.Contains(err.Error(), "is not in cocoon and bringing it in from its registry failed") {
+		t.Fatalf("a VM pod of a container image cocoon cannot get: %v", err)
+	}
+	if len(n.cocoonImages()) != 1 {
+		t.Fatalf("a failed bring-in left an image in cocoon: %+v", n.cocoonImages())
+	}
 }
