@@ -45,8 +45,16 @@ func (s *Server) CreateContainer(ctx context.Context, req *runtimeapi.CreateCont
 		return nil, alreadyExists("container name %q is already reserved for container %s", name, holder.ID)
 	}
 
+	cloneResizes := false
+	if img.Kind == store.ImageSnapshot {
+		caps, err := s.cocoon.Capabilities(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("learn what this cocoon's vm clone can do: %w", err)
+		}
+		cloneResizes = caps.CloneResize
+	}
 	id := newID()
-	vm, err := s.planVM(id, cfg, sb, img)
+	vm, err := s.planVM(id, cfg, sb, img, cloneResizes)
 	if err != nil {
 		return nil, err
 	}

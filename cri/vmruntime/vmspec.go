@@ -13,9 +13,12 @@ import (
 //
 // Size: vCPUs from the CPU limit (quota/period), else the CPU request (shares), rounded up; memory
 // from the memory limit. A boot with neither gets the configured defaults; a clone gets the
-// snapshot's size, which is also its floor (a memory snapshot cannot shrink). Memory is raised to
-// cocoon's 512 MiB minimum and vCPUs are capped at the host's cores, which cocoon cannot exceed.
-func (s *Server) planVM(id string, cfg *runtimeapi.ContainerConfig, sb *store.Sandbox, img *store.Image) (store.VM, error) {
+// snapshot's size, which is also its floor (a memory snapshot cannot shrink), and grows to the
+// limits only where cocoon can resize a clone (cloneResizes: v0.3.8, cloud-hypervisor). Elsewhere
+// it runs at the snapshot's size, which honours the limits as the ceilings they are; a storage
+// annotation it cannot honour is refused. Memory is raised to cocoon's 512 MiB minimum and vCPUs
+// are capped at the host's cores, which cocoon cannot exceed.
+func (s *Server) planVM(id string, cfg *runtimeapi.ContainerConfig, sb *store.Sandbox, img *store.Image, cloneResizes bool) (store.VM, error) {
 	md := sb.Config.Msg.GetMetadata()
 	vm := store.VM{
 		Name:       vmName(id, md.GetName(), cfg.GetMetadata().GetName()),
@@ -47,11 +50,20 @@ func (s *Server) planVM(id string, cfg *runtimeapi.ContainerConfig, sb *store.Sa
 		vm.Windows = snap.Windows
 		vm.PullBase = snap.BaseImage != ""
 		if snap.Hypervisor == cocoon.HypervisorCloudHypervisor {
-			// Firecracker cannot resize a restored VM; cloud-hypervisor can grow it.
-			vm.CPU, vm.Memory = max(vm.CPU, cpus), max(vm.Memory, memory)
+			if cloneResizes {
+				// Firecracker cannot resize a restored VM; cloud-hypervisor can grow it.
+				vm.CPU, vm.Memory = max(vm.CPU, cpus), max(vm.Memory, memory)
+			}
 			vm.OnDemand = true
 		}
-		vm.Storage = max(vm.Storage, sb.VM.Storage)
+		switch {
+		case cloneResizes:
+			vm.Storage = max(vm.Storage, sb.VM.Storage)
+		case sb.VM.Storage > vm.Storage:
+			return vm, invalid("annotation %s asks for %d bytes of storage, more than the %d of snapshot %s, and this cocoon cannot resize a clone "+
+				"(its size is its snapshot's since v0.5): drop the annotation or use a snapshot with a larger disk",
+				AnnotationStorage, sb.VM.Storage, vm.Storage, img.RepoTags)
+		}
 	case store.ImageCloud, store.ImageOCI:
 		vm.Mode = store.VMBoot
 		vm.NICs = 1

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
@@ -67,7 +69,7 @@ func TestBootSizeComesFromLimits(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			vm, err := s.planVM(id64, container(tc.res), podSandbox(tc.annotate), cloudImage)
+			vm, err := s.planVM(id64, container(tc.res), podSandbox(tc.annotate), cloudImage, true)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -84,7 +86,7 @@ func TestBootSizeComesFromLimits(t *testing.T) {
 func TestCloneNeverShrinksBelowTheSnapshot(t *testing.T) {
 	s := testServer()
 	small := &runtimeapi.LinuxContainerResources{CpuQuota: 100000, CpuPeriod: 100000, MemoryLimitInBytes: 1 << 30}
-	vm, err := s.planVM(id64, container(small), podSandbox(nil), chSnapshot)
+	vm, err := s.planVM(id64, container(small), podSandbox(nil), chSnapshot, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +94,7 @@ func TestCloneNeverShrinksBelowTheSnapshot(t *testing.T) {
 		t.Fatalf("got %+v", vm)
 	}
 	big := &runtimeapi.LinuxContainerResources{CpuQuota: 300000, CpuPeriod: 100000, MemoryLimitInBytes: 4 << 30}
-	vm, err = s.planVM(id64, container(big), podSandbox(map[string]string{AnnotationStorage: "30Gi"}), chSnapshot)
+	vm, err = s.planVM(id64, container(big), podSandbox(map[string]string{AnnotationStorage: "30Gi"}), chSnapshot, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,10 +103,28 @@ func TestCloneNeverShrinksBelowTheSnapshot(t *testing.T) {
 	}
 }
 
+// On a cocoon whose clone cannot resize (v0.5), a clone runs at its snapshot's size whatever the
+// limits, and a storage annotation beyond the snapshot's disk is refused.
+func TestCloneWithoutResizeRunsAtTheSnapshotSize(t *testing.T) {
+	s := testServer()
+	big := &runtimeapi.LinuxContainerResources{CpuQuota: 300000, CpuPeriod: 100000, MemoryLimitInBytes: 4 << 30}
+	vm, err := s.planVM(id64, container(big), podSandbox(nil), chSnapshot, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if vm.CPU != 2 || vm.Memory != 2<<30 || vm.Storage != 20<<30 || !vm.OnDemand {
+		t.Fatalf("got %+v, want the snapshot's 2 vCPUs, 2 GiB, 20 GiB", vm)
+	}
+	_, err = s.planVM(id64, container(big), podSandbox(map[string]string{AnnotationStorage: "30Gi"}), chSnapshot, false)
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "cannot resize a clone") {
+		t.Fatalf("a storage annotation beyond the snapshot: %v", err)
+	}
+}
+
 func TestFirecrackerCloneKeepsTheSnapshotSize(t *testing.T) {
 	s := testServer()
 	big := &runtimeapi.LinuxContainerResources{CpuQuota: 300000, CpuPeriod: 100000, MemoryLimitInBytes: 4 << 30}
-	vm, err := s.planVM(id64, container(big), podSandbox(nil), fcSnapshot)
+	vm, err := s.planVM(id64, container(big), podSandbox(nil), fcSnapshot, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +147,7 @@ func TestPlanRefusesWhatCocoonCannotDo(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := s.planVM(id64, container(nil), podSandbox(tc.annotate), tc.img)
+			_, err := s.planVM(id64, container(nil), podSandbox(tc.annotate), tc.img, true)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("err = %v, want it to say %q", err, tc.want)
 			}

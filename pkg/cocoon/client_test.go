@@ -235,10 +235,10 @@ func TestUnclassifiedFailureKeepsLastLine(t *testing.T) {
 }
 
 func TestCloneInspectsForThePID(t *testing.T) {
-	c, dir := fakeCocoon(t,
+	c, dir := fakeCocoon(t, append(v038Probe(),
 		response{match: "vm clone", stdout: strings.ReplaceAll(vmJSON, "%PID%", "0") + "\n", stderr: logLine},
 		response{match: "vm inspect", stdout: strings.ReplaceAll(vmJSON, "%PID%", "777") + "\n"},
-	)
+	)...)
 	vm, err := c.VMClone(context.Background(), "snap-a", CloneOptions{Name: "cri-demo", CPU: 2, Memory: 2 << 30, OnDemand: true})
 	if err != nil {
 		t.Fatal(err)
@@ -246,7 +246,7 @@ func TestCloneInspectsForThePID(t *testing.T) {
 	if vm.PID != 777 {
 		t.Fatalf("pid %d, want the inspected 777", vm.PID)
 	}
-	got := calls(t, dir)
+	got := calls(t, dir)[len(v038Probe()):]
 	want := []string{
 		"--root-dir /r --run-dir /run/c --log-dir /log/c vm clone --name cri-demo --cpu 2 --memory 2147483648 --on-demand -o json snap-a",
 		"--root-dir /r --run-dir /run/c --log-dir /log/c vm inspect 2RZK3AEDFZUFVHF6YX3YHQPH75",

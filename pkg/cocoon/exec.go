@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/syncio"
@@ -24,35 +23,10 @@ type ExecOptions struct {
 }
 
 // ExecSupported reports whether the cocoon binary has vm exec (newer releases, through the guest
-// agent). It asks once per binary: the answer cannot change while the binary does not.
+// agent). A binary that cannot be probed has none, for now: the next call asks again.
 func (c *Client) ExecSupported(ctx context.Context) bool {
-	return execSupport.probe(ctx, c)
-}
-
-// execSupport caches the answer per binary path, shared by every client copy.
-var execSupport = &execProbe{known: map[string]bool{}}
-
-type execProbe struct {
-	mu    sync.Mutex
-	known map[string]bool
-}
-
-func (p *execProbe) probe(ctx context.Context, c *Client) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if has, ok := p.known[c.opts.Binary]; ok {
-		return has
-	}
-	out, err := c.run(ctx, call{args: []string{"vm", "exec", "--help"}, timeout: 30 * time.Second})
-	if err != nil {
-		// The binary did not answer: do not remember, ask again next time.
-		return false
-	}
-	// A cocoon without vm exec answers this with vm's own help and exit 0 (cobra reports unknown
-	// subcommands only at the root), so the usage line is what tells.
-	has := strings.Contains(string(out), execUsage)
-	p.known[c.opts.Binary] = has
-	return has
+	caps, err := c.Capabilities(ctx)
+	return err == nil && caps.Exec
 }
 
 // execUsage starts the usage line of vm exec's help.

@@ -14,18 +14,17 @@ import (
 
 func TestExecSupportedReadsTheUsageLine(t *testing.T) {
 	// cocoon v0.3.8 answers "vm exec --help" with vm's own help and exit 0.
-	old, _ := fakeCocoon(t, response{match: "vm exec --help", stdout: "Manage virtual machines\n\nUsage:\n  cocoon vm [command]\n"})
+	old, _ := fakeCocoon(t, v038Probe()...)
 	if old.ExecSupported(context.Background()) {
 		t.Fatal("a cocoon without vm exec was taken for one with it")
 	}
-	newer, dir := fakeCocoon(t, response{match: "vm exec --help", stdout: "Run a command inside a running VM\n\nUsage:\n  cocoon vm exec [flags] VM -- COMMAND [ARGS...]\n"})
-	for range 3 {
-		if !newer.ExecSupported(context.Background()) {
-			t.Fatal("vm exec not detected")
-		}
+	newer, _ := fakeCocoon(t, v05Probe()...)
+	if !newer.ExecSupported(context.Background()) {
+		t.Fatal("vm exec not detected")
 	}
-	if n := len(calls(t, dir)); n != 1 {
-		t.Fatalf("probed %d times, want once per binary", n)
+	broken, _ := fakeCocoon(t)
+	if broken.ExecSupported(context.Background()) {
+		t.Fatal("a cocoon that cannot be probed was taken for one with vm exec")
 	}
 }
 

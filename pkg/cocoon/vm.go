@@ -39,7 +39,9 @@ func (o CreateOptions) args() []string {
 
 // CloneOptions are the flags of vm clone. Zero values inherit from the snapshot, as in cocoon.
 type CloneOptions struct {
-	Name       string // required: cocoon v0.3.8 fails without it
+	Name string // required: cocoon v0.3.8 fails without it
+	// CPU, Memory and Storage resize the clone where cocoon can (Capabilities.CloneResize);
+	// elsewhere a clone has its snapshot's size and they are not passed.
 	CPU        int
 	Memory     int64
 	Storage    int64
@@ -48,22 +50,30 @@ type CloneOptions struct {
 	Bridge     string
 	NoDirectIO bool
 	// OnDemand restores memory lazily (cloud-hypervisor only): the source snapshot must stay on
-	// disk for as long as the clone lives.
+	// disk for as long as the clone lives. --restore-mode ondemand or --on-demand, whichever this
+	// cocoon has.
 	OnDemand bool
 	// Pull fetches the snapshot's base image by its recorded digest when it is missing.
 	Pull bool
 }
 
-func (o CloneOptions) args() []string {
+func (o CloneOptions) args(caps Capabilities) []string {
 	args := []string{"--name", o.Name}
-	args = appendIf(args, o.CPU > 0, "--cpu", strconv.Itoa(o.CPU))
-	args = appendIf(args, o.Memory > 0, "--memory", strconv.FormatInt(o.Memory, 10))
-	args = appendIf(args, o.Storage > 0, "--storage", strconv.FormatInt(o.Storage, 10))
+	if caps.CloneResize {
+		args = appendIf(args, o.CPU > 0, "--cpu", strconv.Itoa(o.CPU))
+		args = appendIf(args, o.Memory > 0, "--memory", strconv.FormatInt(o.Memory, 10))
+		args = appendIf(args, o.Storage > 0, "--storage", strconv.FormatInt(o.Storage, 10))
+	}
 	args = appendIf(args, o.NICs > 0, "--nics", strconv.Itoa(o.NICs))
 	args = appendIf(args, o.Network != "", "--network", o.Network)
 	args = appendIf(args, o.Bridge != "", "--bridge", o.Bridge)
 	args = appendIf(args, o.NoDirectIO, "--no-direct-io")
-	args = appendIf(args, o.OnDemand, "--on-demand")
+	switch {
+	case o.OnDemand && caps.CloneRestoreMode:
+		args = append(args, "--restore-mode", "ondemand")
+	case o.OnDemand && caps.CloneOnDemand:
+		args = append(args, "--on-demand")
+	}
 	args = appendIf(args, o.Pull, "--pull")
 	return args
 }
@@ -93,7 +103,11 @@ func (c *Client) VMClone(ctx context.Context, snapshot string, o CloneOptions) (
 		// cocoon v0.3.8 validates the name before applying its documented default.
 		return nil, fmt.Errorf("clone %s: a VM name is required: %w", snapshot, ErrInvalid)
 	}
-	vm, err := query[VM](ctx, c, append(append([]string{"vm", "clone"}, o.args()...), "-o", "json", snapshot)...)
+	caps, err := c.Capabilities(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("clone %s: %w", snapshot, err)
+	}
+	vm, err := query[VM](ctx, c, append(append([]string{"vm", "clone"}, o.args(caps)...), "-o", "json", snapshot)...)
 	return c.settled(ctx, vm, err)
 }
 

@@ -7,14 +7,21 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/cocoonstack/cocoon-cri/test/cocoonsim"
 )
 
 func TestVersionBlock(t *testing.T) {
 	s := newSim(t)
-	out := s.ok("version")
-	want := regexp.MustCompile(`^Version: +v0\.3\.8\nGit hash: +\S+\nBuilt: +\S+\nGolang version: +go\S+\nOS/Arch: +` + runtime.GOOS + "/" + runtime.GOARCH + "\n$")
-	if !want.MatchString(out) {
-		t.Fatalf("version output:\n%s", out)
+	for env, version := range map[string]string{"": `v0\.3\.8`, "0.3.8": `v0\.3\.8`, "0.5.1": `v0\.5\.1`, "v0.5.1": `v0\.5\.1`} {
+		r := s.cocoonIn([]string{cocoonsim.VersionEnv + "=" + env}, nil, "version")
+		want := regexp.MustCompile(`^Version: +` + version + `\nGit hash: +\S+\nBuilt: +\S+\nGolang version: +go\S+\nOS/Arch: +` + runtime.GOOS + "/" + runtime.GOARCH + "\n$")
+		if r.code != 0 || !want.MatchString(r.stdout) {
+			t.Fatalf("%s=%q: version output:\n%s", cocoonsim.VersionEnv, env, r.stdout)
+		}
+	}
+	if r := s.cocoonIn([]string{cocoonsim.VersionEnv + "=0.4.0"}, nil, "version"); r.code != 1 || !strings.Contains(r.stderr, "plays cocoon 0.3.8 or 0.5.1") {
+		t.Fatalf("an unknown version: exit %d, %q", r.code, r.stderr)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/test/cocoonsim"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
 )
@@ -47,6 +48,25 @@ func TestCloneValidation(t *testing.T) {
 	r := s.cocoon("vm", "clone", "--name", "taken", "base")
 	if r.code != 1 || !strings.HasPrefix(r.errorLine(), `Error: clone VM: reserve VM record: vm name "taken" already exists (id: `) {
 		t.Fatalf("duplicate name: %q", r.errorLine())
+	}
+}
+
+// TestCloneOfV05HasTheSnapshotsSize: from v0.5 vm clone has no --cpu, --memory or --storage
+// (cobra refuses them as unknown) and a clone gets its snapshot's size.
+func TestCloneOfV05HasTheSnapshotsSize(t *testing.T) {
+	s := newSim(t)
+	s.env = append(s.env, cocoonsim.VersionEnv+"=0.5.1")
+	snap := s.importSnapshot(testimage.SnapshotOptions{Name: "base", CPU: 2, Memory: 1 << 30, Storage: 20 << 30})
+	for _, flag := range []string{"--cpu=2", "--memory=4G", "--storage=40G"} {
+		s.fails("unknown flag: "+strings.SplitN(flag, "=", 2)[0], "vm", "clone", "--name", "c", flag, "base")
+	}
+	if help := s.ok("vm", "clone", "--help"); strings.Contains(help, "--cpu") || strings.Contains(help, "--memory") {
+		t.Fatalf("v0.5.1 clone help lists resize flags:\n%s", help)
+	}
+	vm := s.clone("base", "sized")
+	if vm.Config.CPU != snap.CPU || vm.Config.Memory != snap.Memory || vm.Config.Storage != snap.Storage {
+		t.Fatalf("clone size %d/%d/%d, want the snapshot's %d/%d/%d",
+			vm.Config.CPU, vm.Config.Memory, vm.Config.Storage, snap.CPU, snap.Memory, snap.Storage)
 	}
 }
 

@@ -8,6 +8,7 @@ package cocoonsim
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/signal"
@@ -26,7 +27,12 @@ func Main(args []string) int {
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer cancel()
-	a := &app{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr}
+	prof, err := currentProfile()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err) //nolint:errcheck
+		return 1
+	}
+	a := &app{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, profile: prof}
 	root := a.rootCommand()
 	root.SetArgs(args)
 	if err := root.ExecuteContext(ctx); err != nil {
@@ -45,6 +51,7 @@ type app struct {
 	stdout io.Writer
 	stderr io.Writer
 
+	profile profile
 	cfgFile string
 	conf    *Config
 	log     *logger

@@ -8,9 +8,6 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// Version reports the cocoon release whose contract the simulator honours.
-const Version = "v0.3.8"
-
 // rootCommand builds the command tree of cocoon's cmd/root.go.
 func (a *app) rootCommand() *cobra.Command {
 	root := &cobra.Command{
@@ -68,7 +65,7 @@ func (a *app) otherCommands() []*cobra.Command {
 			RunE: func(cmd *cobra.Command, _ []string) error {
 				_, err := fmt.Fprintf(cmd.OutOrStdout(),
 					"Version:        %s\nGit hash:       %s\nBuilt:          %s\nGolang version: %s\nOS/Arch:        %s/%s\n",
-					Version, "cocoon-sim", "cocoon-sim", runtime.Version(), runtime.GOOS, runtime.GOARCH)
+					a.profile.version, "cocoon-sim", "cocoon-sim", runtime.Version(), runtime.GOOS, runtime.GOARCH)
 				return err
 			},
 		},

@@ -19,7 +19,7 @@ func (a *app) vmCommand() *cobra.Command {
 	addOutputFlag(runCmd)
 
 	cloneCmd := &cobra.Command{Use: "clone [flags] SNAPSHOT", Short: "Clone a new VM from a snapshot", Args: cobra.ExactArgs(1), RunE: a.vmClone}
-	addCloneFlags(cloneCmd)
+	addCloneFlags(cloneCmd, a.profile)
 	addOutputFlag(cloneCmd)
 
 	startCmd := &cobra.Command{Use: "start VM [VM...]", Short: "Start created/stopped VM(s)", Args: cobra.MinimumNArgs(1), RunE: a.vmStart}
@@ -88,12 +88,14 @@ func addVMFlags(cmd *cobra.Command) {
 	f.StringArray("data-disk", nil, "extra data disk: size=20G[,name=...][,fstype=ext4|none][,mount=/mnt/x][,directio=on|off|auto]; repeatable")
 }
 
-func addCloneFlags(cmd *cobra.Command) {
+func addCloneFlags(cmd *cobra.Command, p profile) {
 	f := cmd.Flags()
 	f.String("name", "", "VM name (default: cocoon-clone-<id>)")
-	f.Int("cpu", 0, "boot CPUs (0 = inherit from snapshot)")
-	f.String("memory", "", "memory size (empty = inherit from snapshot)")
-	f.String("storage", "", "COW disk size (empty = inherit from snapshot)")
+	if p.cloneResizes {
+		f.Int("cpu", 0, "boot CPUs (0 = inherit from snapshot)")
+		f.String("memory", "", "memory size (empty = inherit from snapshot)")
+		f.String("storage", "", "COW disk size (empty = inherit from snapshot)")
+	}
 	f.Int("nics", 0, "number of NICs (0 = inherit from snapshot)")
 	f.Int("queue-size", 0, "virtio-net ring depth per queue (0 = inherit from snapshot)")
 	f.Int("disk-queue-size", 0, "virtio-blk ring depth per device (0 = inherit from snapshot)")

@@ -1,0 +1,102 @@
+package cocoon
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Capabilities are what a cocoon binary offers of what cocoon-cri uses, learned from the binary
+// itself: its version, and the --help of the subcommands whose flags changed between releases
+// (docs/cocoon-contract.md). cocoon-cri passes only flags the binary has.
+type Capabilities struct {
+	// Version is what cocoon version prints ("v0.5.1").
+	Version string
+	// Exec: vm exec runs commands through the guest agent (newer than v0.3.8).
+	Exec bool
+	// CloneResize: vm clone takes --cpu, --memory and --storage (v0.3.8). Later releases fix a
+	// clone's size to its snapshot's.
+	CloneResize bool
+	// CloneOnDemand: vm clone takes --on-demand (lazy memory restore, cloud-hypervisor).
+	CloneOnDemand bool
+	// CloneRestoreMode: vm clone takes --restore-mode copy|ondemand|mmap, which replaces
+	// --on-demand.
+	CloneRestoreMode bool
+	// ReseedMachineID: vm reseed --machine-id gives a clone fresh entropy and its own machine-id.
+	ReseedMachineID bool
+}
+
+// Capabilities probes the binary once and caches the answer, shared by every client of that
+// binary path: it cannot change while the binary does not. A probe that fails is not cached: the
+// next call asks again.
+func (c *Client) Capabilities(ctx context.Context) (Capabilities, error) {
+	return probes.get(ctx, c)
+}
+
+// probes caches Capabilities per binary path.
+var probes = &capabilityCache{known: map[string]Capabilities{}}
+
+type capabilityCache struct {
+	mu    sync.Mutex
+	known map[string]Capabilities
+}
+
+// probeTimeout bounds each call of a probe: help output is instant on any cocoon.
+const probeTimeout = 30 * time.Second
+
+func (p *capabilityCache) get(ctx context.Context, c *Client) (Capabilities, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if caps, ok := p.known[c.opts.Binary]; ok {
+		return caps, nil
+	}
+	caps, err := probe(ctx, c)
+	if err != nil {
+		return Capabilities{}, err
+	}
+	p.known[c.opts.Binary] = caps
+	return caps, nil
+}
+
+func probe(ctx context.Context, c *Client) (Capabilities, error) {
+	v, err := c.Version(ctx)
+	if err != nil {
+		return Capabilities{}, fmt.Errorf("probe cocoon: %w", err)
+	}
+	caps := Capabilities{Version: v.Version}
+	help := func(args ...string) (string, error) {
+		out, err := c.run(ctx, call{args: append(args, "--help"), timeout: probeTimeout})
+		if err != nil {
+			return "", fmt.Errorf("probe cocoon %s: %w", strings.Join(args, " "), err)
+		}
+		return string(out), nil
+	}
+	clone, err := help("vm", "clone")
+	if err != nil {
+		return Capabilities{}, err
+	}
+	caps.CloneResize = hasFlag(clone, "cpu") && hasFlag(clone, "memory") && hasFlag(clone, "storage")
+	caps.CloneOnDemand = hasFlag(clone, "on-demand")
+	caps.CloneRestoreMode = hasFlag(clone, "restore-mode")
+	// cobra answers the help of a subcommand it does not have with its parent's, exit 0: the
+	// usage line tells which help came back.
+	exec, err := help("vm", "exec")
+	if err != nil {
+		return Capabilities{}, err
+	}
+	caps.Exec = strings.Contains(exec, execUsage)
+	reseed, err := help("vm", "reseed")
+	if err != nil {
+		return Capabilities{}, err
+	}
+	caps.ReseedMachineID = strings.Contains(reseed, "cocoon vm reseed") && hasFlag(reseed, "machine-id")
+	return caps, nil
+}
+
+// hasFlag reports whether cobra help text lists the long flag name ("      --cpu int").
+func hasFlag(help, name string) bool {
+	return regexp.MustCompile(`(?m)^\s+(-\w, )?--` + regexp.QuoteMeta(name) + `(\s|$)`).MatchString(help)
+}

@@ -1,0 +1,104 @@
+package cocoon
+
+import (
+	"context"
+	"strings"
+	"testing"
+)
+
+// The help cocoon prints (cobra's layout, abbreviated) for the subcommands the probe reads.
+const (
+	vmHelp = "Manage virtual machines\n\nUsage:\n  cocoon vm [command]\n\nAvailable Commands:\n  clone       Clone a new VM from a snapshot\n"
+
+	cloneHelpV038 = "Clone a new VM from a snapshot\n\nUsage:\n  cocoon vm clone [flags] SNAPSHOT\n\nFlags:\n" +
+		"      --bridge string    use TAP-on-bridge instead of CNI\n      --cpu int          boot CPUs (0 = inherit from snapshot)\n" +
+		"  -h, --help             help for clone\n      --memory string    memory size (empty = inherit from snapshot)\n" +
+		"      --name string      VM name\n      --nics int         override NIC count\n      --no-direct-io     disable O_DIRECT\n" +
+		"      --on-demand        use UFFD on-demand memory loading\n  -o, --output string    output format\n" +
+		"      --pull             auto-pull base image\n      --storage string   COW disk size (empty = inherit from snapshot)\n"
+
+	cloneHelpV05 = "Clone a new VM from a snapshot (or a directory via --from-dir)\n\nUsage:\n  cocoon vm clone [flags] [SNAPSHOT]\n\nFlags:\n" +
+		"      --bridge string          use TAP-on-bridge instead of CNI\n      --from-dir string        clone from a snapshot directory\n" +
+		"  -h, --help                   help for clone\n      --name string            VM name (default: cocoon-clone-<id>)\n" +
+		"      --nics int               override NIC count (omit to inherit from snapshot)\n      --no-direct-io           disable O_DIRECT\n" +
+		"  -o, --output string          output format\n      --pull                   auto-pull base image\n" +
+		"      --restore-mode string    memory restore: copy|ondemand|mmap\n"
+
+	execHelp   = "Run a command inside a running VM via cocoon-agent (vsock)\n\nUsage:\n  cocoon vm exec [flags] VM -- COMMAND [ARGS...]\n\nFlags:\n  -e, --env stringArray   extra env var KEY=VALUE\n  -i, --interactive       attach the caller's stdin\n"
+	reseedHelp = "Force a CRNG reseed inside the guest\n\nUsage:\n  cocoon vm reseed VM [flags]\n\nFlags:\n  -h, --help         help for reseed\n      --machine-id   also regenerate /etc/machine-id\n"
+)
+
+func versionOutput(v string) string {
+	return "Version:        " + v + "\nGit hash:       abc\nBuilt:          now\nGolang version: go1.26\nOS/Arch:        linux/amd64\n"
+}
+
+// v038Probe and v05Probe answer the capability probe as those releases do; they go before any
+// other response, which a "vm clone" match would otherwise catch.
+func v038Probe() []response {
+	return []response{
+		{match: "version", stdout: versionOutput("v0.3.8")},
+		{match: "vm clone --help", stdout: cloneHelpV038},
+		{match: "vm exec --help", stdout: vmHelp},
+		{match: "vm reseed --help", stdout: vmHelp},
+	}
+}
+
+func v05Probe() []response {
+	return []response{
+		{match: "version", stdout: versionOutput("v0.5.1")},
+		{match: "vm clone --help", stdout: cloneHelpV05},
+		{match: "vm exec --help", stdout: execHelp},
+		{match: "vm reseed --help", stdout: reseedHelp},
+	}
+}
+
+func TestCapabilitiesReadTheBinarysHelp(t *testing.T) {
+	old, _ := fakeCocoon(t, v038Probe()...)
+	caps, err := old.Capabilities(context.Background())
+	want := Capabilities{Version: "v0.3.8", CloneResize: true, CloneOnDemand: true}
+	if err != nil || caps != want {
+		t.Fatalf("v0.3.8: %+v %v, want %+v", caps, err, want)
+	}
+	current, dir := fakeCocoon(t, v05Probe()...)
+	want = Capabilities{Version: "v0.5.1", Exec: true, CloneRestoreMode: true, ReseedMachineID: true}
+	for range 3 {
+		if caps, err = current.Capabilities(context.Background()); err != nil || caps != want {
+			t.Fatalf("v0.5: %+v %v, want %+v", caps, err, want)
+		}
+	}
+	if n := len(calls(t, dir)); n != 4 {
+		t.Fatalf("%d calls for three probes, want one probe of four calls per binary", n)
+	}
+}
+
+func TestCapabilitiesAreProbedAgainAfterAFailure(t *testing.T) {
+	c, dir := fakeCocoon(t, response{match: "version", stderr: "Error: broken install\n", code: 1})
+	for range 2 {
+		if _, err := c.Capabilities(context.Background()); err == nil || !strings.Contains(err.Error(), "broken install") {
+			t.Fatalf("probe of a failing cocoon: %v", err)
+		}
+	}
+	if n := len(calls(t, dir)); n != 2 {
+		t.Fatalf("%d calls: a failed probe must not be cached", n)
+	}
+}
+
+// A cocoon whose clone cannot resize gets no sizes, and --restore-mode where --on-demand is gone.
+func TestCloneFlagsFollowTheCapabilities(t *testing.T) {
+	o := CloneOptions{Name: "vm", CPU: 2, Memory: 2 << 30, Storage: 20 << 30, NICs: 1, OnDemand: true, Pull: true}
+	cases := []struct {
+		caps Capabilities
+		want string
+	}{
+		{Capabilities{CloneResize: true, CloneOnDemand: true},
+			"--name vm --cpu 2 --memory 2147483648 --storage 21474836480 --nics 1 --on-demand --pull"},
+		{Capabilities{CloneOnDemand: true}, "--name vm --nics 1 --on-demand --pull"},
+		{Capabilities{CloneRestoreMode: true, CloneOnDemand: true}, "--name vm --nics 1 --restore-mode ondemand --pull"},
+		{Capabilities{}, "--name vm --nics 1 --pull"},
+	}
+	for _, c := range cases {
+		if got := strings.Join(o.args(c.caps), " "); got != c.want {
+			t.Errorf("%+v: %s, want %s", c.caps, got, c.want)
+		}
+	}
+}
