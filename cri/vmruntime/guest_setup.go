@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -32,6 +33,7 @@ func (s *Server) setUpGuest(ctx context.Context, sb *store.Sandbox, c *store.Con
 		switch {
 		case err == nil && code == 0:
 			log.Info("guest configured for the pod")
+			s.reseedClone(ctx, c, log)
 			return
 		case err == nil:
 			log.Warn("configuring the guest for the pod failed", "exitCode", code, "output", strings.TrimSpace(out.String()))
@@ -46,6 +48,23 @@ func (s *Server) setUpGuest(ctx context.Context, sb *store.Sandbox, c *store.Con
 		case <-time.After(agentRetry):
 		}
 	}
+}
+
+// reseedClone gives a clone its own machine-id and fresh entropy: every clone of a snapshot wakes
+// with the snapshot's. cocoon v0.5 tries that itself after vm clone, in the background and
+// without reporting a failure; asked again once the agent has answered, it is made sure of.
+func (s *Server) reseedClone(ctx context.Context, c *store.Container, log *slog.Logger) {
+	if c.VM.Mode != store.VMClone || s.ExecPath(ctx) != ExecPathAgent {
+		return
+	}
+	if caps, err := s.cocoon.Capabilities(ctx); err != nil || !caps.ReseedMachineID {
+		return
+	}
+	if err := s.cocoon.VMReseed(ctx, c.VM.ID, true); err != nil {
+		log.Warn("the clone may keep its snapshot's machine-id and entropy: vm reseed --machine-id failed", "err", err)
+		return
+	}
+	log.Info("clone reseeded: fresh entropy and machine-id")
 }
 
 // guestSetupScript is the shell script that configures the guest. Its parts are independent: one

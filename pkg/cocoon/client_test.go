@@ -97,6 +97,32 @@ func TestListsTreatNoFoundTextAsEmpty(t *testing.T) {
 	}
 }
 
+// TestEmptyJSONListIsEmpty: v0.5 prints [] for an empty vm list -o json.
+func TestEmptyJSONListIsEmpty(t *testing.T) {
+	c, _ := fakeCocoon(t, response{match: "vm list", stdout: "[]\n"})
+	if vms, err := c.VMList(context.Background()); err != nil || len(vms) != 0 {
+		t.Fatalf("VMList = %v, %v; want empty", vms, err)
+	}
+}
+
+func TestReseedPassesMachineID(t *testing.T) {
+	c, dir := fakeCocoon(t, response{match: "vm reseed --machine-id BAD", stderr: "Error: reseed: dial agent: read CONNECT reply: EOF\n", code: 1}, response{match: "vm reseed"})
+	if err := c.VMReseed(context.Background(), "ID1", true); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.VMReseed(context.Background(), "ID2", false); err != nil {
+		t.Fatal(err)
+	}
+	err := c.VMReseed(context.Background(), "BAD", true)
+	if err == nil || !strings.Contains(err.Error(), "dial agent: read CONNECT reply: EOF") {
+		t.Fatalf("a guest without agent: %v", err)
+	}
+	got := calls(t, dir)
+	if !strings.HasSuffix(got[0], "vm reseed --machine-id ID1") || !strings.HasSuffix(got[1], "vm reseed ID2") {
+		t.Fatalf("argv %q", got)
+	}
+}
+
 func TestVMListDecodesRawRecords(t *testing.T) {
 	c, dir := fakeCocoon(t, response{match: "vm list", stdout: "[" + strings.ReplaceAll(vmJSON, "%PID%", "4242") + "]\n"})
 	vms, err := c.VMList(context.Background())

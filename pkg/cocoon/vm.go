@@ -161,13 +161,25 @@ func (c *Client) VMRemove(ctx context.Context, id string, force bool) error {
 	return err
 }
 
+// reseedTimeout bounds vm reseed: cocoon tries the agent three times, 4 s each, 2 s apart.
+const reseedTimeout = 30 * time.Second
+
+// VMReseed gives a running VM's guest fresh entropy through its agent and, with machineID, a new
+// /etc/machine-id (v0.5; see Capabilities.ReseedMachineID).
+func (c *Client) VMReseed(ctx context.Context, id string, machineID bool) error {
+	args := appendIf([]string{"vm", "reseed"}, machineID, "--machine-id")
+	_, err := c.run(ctx, call{args: append(args, id), timeout: reseedTimeout})
+	return err
+}
+
 // VMInspect returns one VM with its state reconciled against the hypervisor process ("stopped
 // (stale)" when the record says running but the process is gone).
 func (c *Client) VMInspect(ctx context.Context, ref string) (*VM, error) {
 	return query[VM](ctx, c, "vm", "inspect", ref)
 }
 
-// VMList returns every VM. States are the raw records: a dead hypervisor still shows "running".
+// VMList returns every VM. On v0.3.8 states are the raw records (a dead hypervisor still shows
+// "running"); v0.5 reconciles them as vm inspect does.
 func (c *Client) VMList(ctx context.Context) ([]VM, error) {
 	return queryList[VM](ctx, c, "vm", "list")
 }

@@ -13,7 +13,7 @@ import (
 
 func TestVersionBlock(t *testing.T) {
 	s := newSim(t)
-	for env, version := range map[string]string{"": `v0\.3\.8`, "0.3.8": `v0\.3\.8`, "0.5.1": `v0\.5\.1`, "v0.5.1": `v0\.5\.1`} {
+	for env, version := range map[string]string{"": `v0\.5\.1`, "0.3.8": `v0\.3\.8`, "0.5.1": `v0\.5\.1`, "v0.5.1": `v0\.5\.1`} {
 		r := s.cocoonIn([]string{cocoonsim.VersionEnv + "=" + env}, nil, "version")
 		want := regexp.MustCompile(`^Version: +` + version + `\nGit hash: +\S+\nBuilt: +\S+\nGolang version: +go\S+\nOS/Arch: +` + runtime.GOOS + "/" + runtime.GOARCH + "\n$")
 		if r.code != 0 || !want.MatchString(r.stdout) {
@@ -25,20 +25,30 @@ func TestVersionBlock(t *testing.T) {
 	}
 }
 
-func TestEmptyListsArePlainTextEvenAsJSON(t *testing.T) {
-	s := newSim(t)
-	for _, tc := range []struct {
-		args []string
-		want string
-	}{
-		{[]string{"vm", "list", "-o", "json"}, "No VMs found.\n"},
-		{[]string{"vm", "ls"}, "No VMs found.\n"},
-		{[]string{"image", "list", "--format", "json"}, "No images found.\n"},
-		{[]string{"snapshot", "list", "-o", "json"}, "No snapshots found.\n"},
-	} {
-		if got := s.ok(tc.args...); got != tc.want {
-			t.Errorf("%v: got %q, want %q", tc.args, got, tc.want)
-		}
+// TestEmptyLists: v0.3.8 answers an empty list in plain text even when asked for JSON; v0.5
+// prints [] for vm list -o json.
+func TestEmptyLists(t *testing.T) {
+	for _, version := range []string{"0.3.8", "0.5.1"} {
+		t.Run(version, func(t *testing.T) {
+			s := newSimAt(t, version)
+			emptyVMs := "No VMs found.\n"
+			if version == "0.5.1" {
+				emptyVMs = "[]\n"
+			}
+			for _, tc := range []struct {
+				args []string
+				want string
+			}{
+				{[]string{"vm", "list", "-o", "json"}, emptyVMs},
+				{[]string{"vm", "ls"}, "No VMs found.\n"},
+				{[]string{"image", "list", "--format", "json"}, "No images found.\n"},
+				{[]string{"snapshot", "list", "-o", "json"}, "No snapshots found.\n"},
+			} {
+				if got := s.ok(tc.args...); got != tc.want {
+					t.Errorf("%v: got %q, want %q", tc.args, got, tc.want)
+				}
+			}
+		})
 	}
 }
 

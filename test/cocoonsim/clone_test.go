@@ -12,13 +12,12 @@ import (
 	"time"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
-	"github.com/cocoonstack/cocoon-cri/test/cocoonsim"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
 )
 
 func TestCloneValidation(t *testing.T) {
-	s := newSim(t)
+	s := newSimAt(t, "0.3.8")
 	s.importSnapshot(testimage.SnapshotOptions{Name: "base", CPU: 1, Memory: 1 << 30, Storage: 20 << 30})
 	s.importSnapshot(testimage.SnapshotOptions{Name: "fc", Image: "fc-image", Hypervisor: cocoon.HypervisorFirecracker})
 	host := runtime.NumCPU()
@@ -41,7 +40,7 @@ func TestCloneValidation(t *testing.T) {
 		s.fails(tc.want, append([]string{"vm", "clone"}, tc.args...)...)
 	}
 	// A clone failing before launch leaves no record.
-	if got := s.ok("vm", "list", "-o", "json"); got != "No VMs found.\n" {
+	if got := s.ok("vm", "list", "-o", "json"); got != "No VMs found.\n" { // v0.3.8's empty list
 		t.Fatalf("failed clones left records: %s", got)
 	}
 	s.clone("base", "taken")
@@ -54,10 +53,10 @@ func TestCloneValidation(t *testing.T) {
 // TestCloneOfV05HasTheSnapshotsSize: from v0.5 vm clone has no --cpu, --memory or --storage
 // (cobra refuses them as unknown) and a clone gets its snapshot's size.
 func TestCloneOfV05HasTheSnapshotsSize(t *testing.T) {
-	s := newSim(t)
-	s.env = append(s.env, cocoonsim.VersionEnv+"=0.5.1")
+	s := newSimAt(t, "0.5.1")
 	snap := s.importSnapshot(testimage.SnapshotOptions{Name: "base", CPU: 2, Memory: 1 << 30, Storage: 20 << 30})
-	for _, flag := range []string{"--cpu=2", "--memory=4G", "--storage=40G"} {
+	s.fails(`invalid --restore-mode "lazy": must be copy, ondemand or mmap`, "vm", "clone", "--name", "c", "--restore-mode", "lazy", "base")
+	for _, flag := range []string{"--cpu=2", "--memory=4G", "--storage=40G", "--on-demand"} {
 		s.fails("unknown flag: "+strings.SplitN(flag, "=", 2)[0], "vm", "clone", "--name", "c", flag, "base")
 	}
 	if help := s.ok("vm", "clone", "--help"); strings.Contains(help, "--cpu") || strings.Contains(help, "--memory") {
@@ -194,23 +193,45 @@ func readLog(t *testing.T, s *sim, vmID string) string {
 	return string(data)
 }
 
+// TestOnDemandCloneCrashesWhenSnapshotDeleted: a clone whose memory stays backed by the snapshot
+// (v0.3.8 --on-demand; v0.5 --restore-mode ondemand or mmap, mmap being the default) dies with
+// the snapshot's files; a copied clone does not.
 func TestOnDemandCloneCrashesWhenSnapshotDeleted(t *testing.T) {
-	s := newSim(t)
-	s.importSnapshot(testimage.SnapshotOptions{Name: "lazy"})
-	vm := s.clone("lazy", "od-1", "--on-demand")
-	eager := s.clone("lazy", "eager-1")
-	s.ok("snapshot", "rm", "lazy")
-	eventually(t, "on-demand guest to crash", func() bool { return !processAlive(vm.PID) })
-	if got := s.inspect("od-1"); got.State != cocoon.VMStateStale {
-		t.Fatalf("on-demand clone after snapshot removal: %s", got.State)
-	}
-	if !processAlive(eager.PID) {
-		t.Fatal("a clone without --on-demand must not depend on its snapshot")
+	for _, tc := range []struct {
+		version      string
+		lazy, copied [][]string
+	}{
+		{"0.3.8", [][]string{{"--on-demand"}}, [][]string{nil}},
+		{"0.5.1", [][]string{{"--restore-mode", "ondemand"}, {"--restore-mode", "mmap"}, nil}, [][]string{{"--restore-mode", "copy"}}},
+	} {
+		t.Run(tc.version, func(t *testing.T) {
+			s := newSimAt(t, tc.version)
+			s.importSnapshot(testimage.SnapshotOptions{Name: "lazy"})
+			var lazy, copied []cocoon.VM
+			for i, flags := range tc.lazy {
+				lazy = append(lazy, s.clone("lazy", fmt.Sprintf("lazy-%d", i), flags...))
+			}
+			for i, flags := range tc.copied {
+				copied = append(copied, s.clone("lazy", fmt.Sprintf("copied-%d", i), flags...))
+			}
+			s.ok("snapshot", "rm", "lazy")
+			for _, vm := range lazy {
+				eventually(t, vm.Config.Name+" to crash", func() bool { return !processAlive(vm.PID) })
+				if got := s.inspect(vm.Config.Name); got.State != cocoon.VMStateStale {
+					t.Fatalf("%s after snapshot removal: %s", vm.Config.Name, got.State)
+				}
+			}
+			for _, vm := range copied {
+				if !processAlive(vm.PID) {
+					t.Fatalf("%s, a copied clone, must not depend on its snapshot", vm.Config.Name)
+				}
+			}
+		})
 	}
 }
 
 func TestGuestBehaviours(t *testing.T) {
-	s := newSim(t)
+	s := newSimAt(t, "0.3.8") // whose vm list -o json shows the record's raw state
 	s.importSnapshot(testimage.SnapshotOptions{Name: "off", Guest: guest.Spec{PoweroffAfter: guest.Duration(300 * time.Millisecond)}})
 	s.importSnapshot(testimage.SnapshotOptions{Name: "boom", Image: "boom", Guest: guest.Spec{CrashAfter: guest.Duration(300 * time.Millisecond)}})
 	s.importSnapshot(testimage.SnapshotOptions{Name: "stubborn", Image: "stubborn", ImageType: cocoon.ImageTypeCloudImg, Guest: guest.Spec{IgnorePowerButton: true}})
@@ -248,7 +269,7 @@ func TestGuestBehaviours(t *testing.T) {
 }
 
 func TestCrashShowsStaleAndRemoveNeedsForce(t *testing.T) {
-	s := newSim(t)
+	s := newSimAt(t, "0.3.8") // whose vm list -o json shows the record's raw state
 	s.importSnapshot(testimage.SnapshotOptions{Name: "base"})
 	vm := s.clone("base", "victim")
 	r := s.cocoon("vm", "rm", "-o", "json", "victim")

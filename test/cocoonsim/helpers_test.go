@@ -87,6 +87,13 @@ func newSim(t *testing.T) *sim {
 	return s
 }
 
+// newSimAt is newSim playing a given cocoon release.
+func newSimAt(t *testing.T, version string) *sim {
+	s := newSim(t)
+	s.env = append(s.env, cocoonsim.VersionEnv+"="+version)
+	return s
+}
+
 // in is the same installation driven from another (sub)test.
 func (s *sim) in(t *testing.T) *sim {
 	c := *s
@@ -201,6 +208,16 @@ func decode[T any](t *testing.T, data string) T {
 		t.Fatalf("decode %T from %q: %v", v, data, err)
 	}
 	return v
+}
+
+// listVMs is vm list -o json, read as either release prints it ("No VMs found." on v0.3.8).
+func (s *sim) listVMs() []cocoon.VM {
+	s.t.Helper()
+	out := s.ok("vm", "list", "-o", "json")
+	if out == "No VMs found.\n" {
+		return nil
+	}
+	return decode[[]cocoon.VM](s.t, out)
 }
 
 func (s *sim) inspect(ref string) cocoon.VM {

@@ -1,5 +1,5 @@
-// Package cocoonsim is a stand-in for the cocoon v0.3.8 CLI (github.com/cocoonstack/cocoon) for
-// machines where cocoon and its hypervisors cannot run. It honours cocoon's command-line contract
+// Package cocoonsim is a stand-in for the cocoon CLI (github.com/cocoonstack/cocoon), v0.5.1 or
+// v0.3.8 (VersionEnv), for machines where cocoon and its hypervisors cannot run. It honours cocoon's command-line contract
 // where cocoon-cri depends on it: the same commands and flags, JSON shapes, error strings, exit
 // codes, on-disk layout, locking and quirks. Started VMs are real processes (package guest) that
 // serve a Cloud-Hypervisor-like API and console.
@@ -15,6 +15,7 @@ import (
 	"syscall"
 
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
+	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/internal/release"
 )
 
 // Main runs one cocoon command line (args without the program name) and returns the process
@@ -27,7 +28,7 @@ func Main(args []string) int {
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer cancel()
-	prof, err := currentProfile()
+	prof, err := release.Current()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err) //nolint:errcheck
 		return 1
@@ -51,8 +52,11 @@ type app struct {
 	stdout io.Writer
 	stderr io.Writer
 
-	profile profile
+	profile release.Profile
 	cfgFile string
 	conf    *Config
 	log     *logger
 }
+
+// VersionEnv selects the cocoon release the simulator plays ("0.3.8" or "0.5.1"; default 0.5.1).
+const VersionEnv = release.Env

@@ -170,8 +170,8 @@ func TestCNIAddFailureRollsBack(t *testing.T) {
 		t.Fatalf("run with too few addresses: exit %d, %q", r.code, r.errorLine())
 	}
 	lab.checkNoNetworkLeft()
-	if got := lab.ok("vm", "list", "-o", "json"); got != "No VMs found.\n" {
-		t.Fatalf("a failed network setup left a VM: %s", got)
+	if got := lab.listVMs(); len(got) != 0 {
+		t.Fatalf("a failed network setup left a VM: %+v", got)
 	}
 }
 
@@ -215,8 +215,8 @@ func TestNetworkErrorsMatchCocoon(t *testing.T) {
 	}
 	lab.fails("configure network: network provider not configured: no conflist found in "+lab.ci, "vm", "run", "img")
 	lab.checkNoNetworkLeft()
-	if got := lab.ok("vm", "list", "-o", "json"); got != "No VMs found.\n" {
-		t.Fatalf("failed runs left VMs: %s", got)
+	if got := lab.listVMs(); len(got) != 0 {
+		t.Fatalf("failed runs left VMs: %+v", got)
 	}
 }
 
@@ -278,8 +278,8 @@ func TestBridgeModeTAPOnAnExistingBridge(t *testing.T) {
 
 func TestCloneGetsItsOwnNetwork(t *testing.T) {
 	lab := newNetLab(t, labOptions{})
-	lab.importSnapshot(testimage.SnapshotOptions{Name: "base", NICs: 1})
-	vm := lab.clone("base", "c1", "--cpu", "2")
+	lab.importSnapshot(testimage.SnapshotOptions{Name: "base", NICs: 1, CPU: 2})
+	vm := lab.clone("base", "c1")
 	nc := vm.NetworkConfigs[0]
 	if nc.Tap != "tap"+vm.ID[:8]+"-0" || nc.NetnsPath != filepath.Join(lab.netnsDir, "cocoon-"+vm.ID) || nc.NumQueues != 4 || nc.Network == nil || nc.Network.IP == "" {
 		t.Fatalf("clone network_configs[0]: %+v", nc)

@@ -65,7 +65,7 @@ func (a *app) otherCommands() []*cobra.Command {
 			RunE: func(cmd *cobra.Command, _ []string) error {
 				_, err := fmt.Fprintf(cmd.OutOrStdout(),
 					"Version:        %s\nGit hash:       %s\nBuilt:          %s\nGolang version: %s\nOS/Arch:        %s/%s\n",
-					a.profile.version, "cocoon-sim", "cocoon-sim", runtime.Version(), runtime.GOOS, runtime.GOARCH)
+					a.profile.Version, "cocoon-sim", "cocoon-sim", runtime.Version(), runtime.GOOS, runtime.GOARCH)
 				return err
 			},
 		},

@@ -15,8 +15,8 @@ var savedRE = regexp.MustCompile(`snapshot saved: ([A-Z2-7]{26}) func=cmd\.snaps
 
 func TestSnapshotSaveAndCloneFromIt(t *testing.T) {
 	s := newSim(t)
-	s.importSnapshot(testimage.SnapshotOptions{Name: "base", Guest: guest.Spec{PoweroffAfter: guest.Duration(time.Hour)}})
-	src := s.clone("base", "src", "--memory", "1G")
+	s.importSnapshot(testimage.SnapshotOptions{Name: "base", Memory: 1 << 30, Guest: guest.Spec{PoweroffAfter: guest.Duration(time.Hour)}})
+	src := s.clone("base", "src")
 	if got := s.ok("snapshot", "list", "--vm", "src"); got != "No snapshots found for VM.\n" {
 		t.Fatalf("list --vm before save: %q", got)
 	}

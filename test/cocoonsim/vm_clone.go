@@ -57,6 +57,7 @@ func (a *app) vmClone(cmd *cobra.Command, args []string) error {
 		a.rollbackNetwork(ctx, plan.provider, plan.vmID)
 		return fmt.Errorf("clone VM: %w", err)
 	}
+	a.reseedAfterClone(ctx, b, vm)
 	if jsonOut {
 		return outputJSON(cmd.OutOrStdout(), vm)
 	}

@@ -3,7 +3,7 @@ package cocoonsim
 import (
 	"github.com/spf13/cobra"
 
-	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
+	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/internal/release"
 )
 
 // vmCommand builds "cocoon vm" with cocoon's subcommands, flags and defaults (cmd/vm/commands.go).
@@ -59,12 +59,17 @@ func (a *app) vmCommand() *cobra.Command {
 	statusCmd := &cobra.Command{Use: "status [VM...]", Short: "Watch VM status in real time", RunE: a.vmStatus}
 	statusCmd.Flags().IntP("interval", "n", 5, "poll interval in seconds")
 	statusCmd.Flags().Bool("event", false, "event stream mode (append changes instead of refreshing)")
-	statusCmd.Flags().String("format", "", "output format: json (event mode only)")
+	if a.profile.StatusOnce {
+		statusCmd.Flags().BoolP("watch", "w", false, "refresh-loop mode (full-screen redraw each tick); omit for a one-shot snapshot")
+		statusCmd.Flags().String("format", "", "output format: json (one-shot and event modes)")
+	} else {
+		statusCmd.Flags().String("format", "", "output format: json (event mode only)")
+	}
 
 	vmCmd.AddCommand(createCmd, runCmd, cloneCmd, startCmd, stopCmd, listCmd, inspectCmd, consoleCmd, rmCmd, restoreCmd, debugCmd, statusCmd)
-	// vm exec is newer cocoon's; without it the simulator is v0.3.8, where cobra knows no such command.
-	if !guest.ExecDisabled() {
-		vmCmd.AddCommand(a.execCommand())
+	// v0.3.8 has no agent commands: cobra knows no such command there.
+	if a.profile.Agent {
+		vmCmd.AddCommand(a.execCommand(), a.reseedCommand())
 	}
 	return vmCmd
 }
@@ -88,10 +93,10 @@ func addVMFlags(cmd *cobra.Command) {
 	f.StringArray("data-disk", nil, "extra data disk: size=20G[,name=...][,fstype=ext4|none][,mount=/mnt/x][,directio=on|off|auto]; repeatable")
 }
 
-func addCloneFlags(cmd *cobra.Command, p profile) {
+func addCloneFlags(cmd *cobra.Command, p release.Profile) {
 	f := cmd.Flags()
 	f.String("name", "", "VM name (default: cocoon-clone-<id>)")
-	if p.cloneResizes {
+	if p.CloneResizes {
 		f.Int("cpu", 0, "boot CPUs (0 = inherit from snapshot)")
 		f.String("memory", "", "memory size (empty = inherit from snapshot)")
 		f.String("storage", "", "COW disk size (empty = inherit from snapshot)")
@@ -102,6 +107,10 @@ func addCloneFlags(cmd *cobra.Command, p profile) {
 	f.String("network", "", "CNI conflist name (empty = inherit from source VM)")
 	f.String("bridge", "", "use TAP-on-bridge instead of CNI (value is bridge device, e.g. cni0)")
 	f.Bool("no-direct-io", false, "disable O_DIRECT on writable disks (inherit from snapshot if not set)")
-	f.Bool("on-demand", false, "use UFFD on-demand memory loading for faster clone (CH only; snapshot file must remain on disk)")
+	if p.RestoreMode {
+		f.String("restore-mode", "", "memory restore mode: copy, ondemand (UFFD) or mmap (CoW map); CH only (default mmap for plain snapshots, else copy)")
+	} else {
+		f.Bool("on-demand", false, "use UFFD on-demand memory loading for faster clone (CH only; snapshot file must remain on disk)")
+	}
 	f.Bool("pull", false, "auto-pull base image if not found locally (for cross-node clone)")
 }

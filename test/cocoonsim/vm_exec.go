@@ -14,9 +14,8 @@ import (
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
 )
 
-// Newer cocoon's `vm exec` (cmd/vm/exec.go, commands.go after v0.3.8): it runs a command in the
-// guest through cocoon-agent on the VM's hybrid vsock socket. The simulator has it unless
-// guest.NoExecEnv says to be v0.3.8.
+// cocoon v0.5's `vm exec` (cmd/vm/exec.go): it runs a command in the guest through cocoon-agent
+// on the VM's hybrid vsock socket. v0.3.8 has no such command.
 
 var (
 	errNoCommand = errors.New("exec: no command given")

@@ -2,7 +2,6 @@ package cocoonsim
 
 import (
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
-	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
 )
 
 // inspectedVM is a VM as newer cocoon's vm inspect prints it: with "vsock_socket", the hybrid
@@ -14,8 +13,8 @@ type inspectedVM struct {
 
 // withVsockSocket adds the vsock socket to what vm inspect prints, unless the simulator plays
 // v0.3.8, which has no such field.
-func withVsockSocket(vm *cocoon.VM) any {
-	if guest.ExecDisabled() {
+func (a *app) withVsockSocket(vm *cocoon.VM) any {
+	if !a.profile.Agent {
 		return vm
 	}
 	return inspectedVM{VM: vm, VsockSocket: vsockSocket(vm)}

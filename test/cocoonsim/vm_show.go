@@ -13,8 +13,9 @@ import (
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 )
 
-// vmList prints every VM of both backends, oldest first. JSON output is NOT reconciled: a VM whose
-// hypervisor died still shows "running" (cocoon quirk); the table shows "stopped (stale)".
+// vmList prints every VM of both backends, oldest first. On v0.3.8, JSON output is not
+// reconciled (a VM whose hypervisor died still shows "running"; the table shows "stopped
+// (stale)") and no VMs is "No VMs found." even for JSON. v0.5 reconciles both and prints [].
 func (a *app) vmList(cmd *cobra.Command, _ []string) error {
 	backends, err := allBackends(a.conf, a.log)
 	if err != nil {
@@ -23,6 +24,20 @@ func (a *app) vmList(cmd *cobra.Command, _ []string) error {
 	vms, err := listAllVMs(cmd.Context(), backends)
 	if err != nil {
 		return fmt.Errorf("list: %w", err)
+	}
+	return a.printVMList(cmd, vms)
+}
+
+// printVMList is what vm list prints, and v0.5's one-shot vm status.
+func (a *app) printVMList(cmd *cobra.Command, vms []*cocoon.VM) error {
+	if format, _ := cmd.Flags().GetString("format"); format == "json" && a.profile.ListJSONReconciled {
+		for _, vm := range vms {
+			vm.State = reconcileState(vm)
+		}
+		if vms == nil {
+			vms = []*cocoon.VM{}
+		}
+		return outputJSON(cmd.OutOrStdout(), vms)
 	}
 	if len(vms) == 0 {
 		_, err := fmt.Fprintln(cmd.OutOrStdout(), "No VMs found.")
@@ -46,7 +61,7 @@ func (a *app) vmInspect(cmd *cobra.Command, args []string) error {
 		return fmt.Errorf("inspect: %w", err)
 	}
 	vm.State = reconcileState(vm)
-	return outputJSON(cmd.OutOrStdout(), withVsockSocket(vm))
+	return outputJSON(cmd.OutOrStdout(), a.withVsockSocket(vm))
 }
 
 // listAllVMs lists both backends, sorted by creation time.

@@ -3,6 +3,7 @@ package cocoonsim
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -23,7 +24,8 @@ const (
 	watchDebounce = 200 * time.Millisecond
 )
 
-// vmStatus runs until SIGINT/SIGTERM. It refreshes when a vms.json changes and every -n seconds;
+// vmStatus runs until SIGINT/SIGTERM (on v0.5 only with --event or --watch; otherwise it prints
+// the list once). It refreshes when a vms.json changes and every -n seconds;
 // hypervisor liveness is only re-checked on those refreshes, so a crash shows up at the next tick.
 func (a *app) vmStatus(cmd *cobra.Command, args []string) error {
 	interval, _ := cmd.Flags().GetInt("interval")
@@ -31,12 +33,23 @@ func (a *app) vmStatus(cmd *cobra.Command, args []string) error {
 		interval = 5
 	}
 	eventMode, _ := cmd.Flags().GetBool("event")
+	watchMode, _ := cmd.Flags().GetBool("watch")
+	if eventMode && watchMode {
+		return errors.New("--event and --watch are mutually exclusive")
+	}
 	format, _ := cmd.Flags().GetString("format")
 	backends, err := allBackends(a.conf, a.log)
 	if err != nil {
 		return err
 	}
 	ctx := cmd.Context()
+	if a.profile.StatusOnce && !eventMode && !watchMode {
+		vms, err := listAllVMs(ctx, backends)
+		if err != nil {
+			return err
+		}
+		return a.printVMList(cmd, filterVMs(vms, args))
+	}
 	var paths []string
 	for _, b := range backends {
 		paths = append(paths, b.db.path)

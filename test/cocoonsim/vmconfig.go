@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 )
@@ -122,7 +123,10 @@ func cloneSpecFromFlags(cmd *cobra.Command, snap *cocoon.SnapshotConfig) (*vmSpe
 	if err != nil {
 		return nil, err
 	}
-	onDemand, _ := f.GetBool("on-demand")
+	onDemand, err := snapshotBackedMemory(f)
+	if err != nil {
+		return nil, err
+	}
 	spec := &vmSpec{
 		VMConfig: cocoon.VMConfig{Name: name, Config: cocoon.Config{
 			CPU: cpu, Memory: memBytes, Storage: storBytes, QueueSize: queueSize, DiskQueueSize: diskQueueSize,
@@ -135,6 +139,23 @@ func cloneSpecFromFlags(cmd *cobra.Command, snap *cocoon.SnapshotConfig) (*vmSpe
 		return nil, err
 	}
 	return spec, nil
+}
+
+// snapshotBackedMemory reports whether a clone's memory stays backed by its snapshot's file
+// rather than copied: --on-demand on v0.3.8; on v0.5 --restore-mode ondemand or mmap, mmap being
+// the default for a plain snapshot.
+func snapshotBackedMemory(f *pflag.FlagSet) (bool, error) {
+	if f.Lookup("restore-mode") == nil {
+		return f.GetBool("on-demand")
+	}
+	switch mode, _ := f.GetString("restore-mode"); mode {
+	case "", "ondemand", "mmap":
+		return true, nil
+	case "copy":
+		return false, nil
+	default:
+		return false, fmt.Errorf("invalid --restore-mode %q: must be copy, ondemand or mmap", mode)
+	}
 }
 
 func mergeResourceFlags(cmd *cobra.Command, snap *cocoon.SnapshotConfig) (int, int64, int64, error) {

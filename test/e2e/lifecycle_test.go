@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/test/cocoonsim"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
 )
 
@@ -21,18 +22,24 @@ func field(m map[string]any, keys ...string) any {
 	return v
 }
 
+// TestPodLifecycle runs a snapshot pod on both cocoon releases, whose clones differ: v0.3.8 grows
+// a clone to the container's limits, v0.5 runs it at its snapshot's size and gives it its own
+// machine-id.
 func TestPodLifecycle(t *testing.T) {
-	runLifecycle(t, false)
+	for _, version := range []string{"0.3.8", "0.5.1"} {
+		t.Run(version, func(t *testing.T) {
+			runLifecycle(t, newNodeWithEnv(t, []string{cocoonsim.VersionEnv + "=" + version}), version, false)
+		})
+	}
 }
 
 // TestPodLifecycleSurvivesRestarts runs the same flow with cocoon-cri restarted between every step:
 // the state lives on disk, not in the daemon.
 func TestPodLifecycleSurvivesRestarts(t *testing.T) {
-	runLifecycle(t, true)
+	runLifecycle(t, newNode(t), "0.5.1", true)
 }
 
-func runLifecycle(t *testing.T, restartEachStep bool) {
-	n := newNode(t)
+func runLifecycle(t *testing.T, n *node, version string, restartEachStep bool) {
 	imageID := n.withSnapshot()
 	step := func() {
 		if restartEachStep {
@@ -81,8 +88,18 @@ func runLifecycle(t *testing.T, restartEachStep bool) {
 	if !strings.HasPrefix(vmName, "cri-"+ctrID[:12]+"-web-app") {
 		t.Fatalf("VM name %q", vmName)
 	}
-	if vm.Config.CPU != 1 || vm.Config.Memory != 1<<30 {
-		t.Fatalf("VM size cpu=%d memory=%d, want the container's limits 1 and 1GiB", vm.Config.CPU, vm.Config.Memory)
+	switch version {
+	case "0.3.8":
+		if vm.Config.CPU != 1 || vm.Config.Memory != 1<<30 {
+			t.Fatalf("VM size cpu=%d memory=%d, want the container's limits 1 and 1GiB", vm.Config.CPU, vm.Config.Memory)
+		}
+	default:
+		if vm.Config.CPU != 1 || vm.Config.Memory != 512<<20 {
+			t.Fatalf("VM size cpu=%d memory=%d, want the snapshot's 1 and 512MiB", vm.Config.CPU, vm.Config.Memory)
+		}
+		if id := n.mustCrictl("exec", ctrID, "cat", "/etc/machine-id"); len(id) != 32 || id == testimage.SnapshotMachineID("snap") {
+			t.Fatalf("the clone's machine-id %q: want its own, not the snapshot's", id)
+		}
 	}
 	if ps := n.mustCrictl("ps", "-q", "--state", "running"); ps != ctrID {
 		t.Fatalf("crictl ps --state running: %q", ps)

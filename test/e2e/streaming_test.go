@@ -23,6 +23,7 @@ import (
 	utilexec "k8s.io/utils/exec"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/syncio"
+	"github.com/cocoonstack/cocoon-cri/test/cocoonsim"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
 )
@@ -325,7 +326,7 @@ func TestPortForwardReachesTheGuest(t *testing.T) {
 // pinned at first use. Without any exec path, a container command is refused at create.
 func TestExecOverSSHWithoutCocoonExec(t *testing.T) {
 	key, authorized := sshKeyPair(t)
-	n := newNodeWithEnv(t, []string{"COCOON_SIM_NO_EXEC=1"}, "--guest-ssh-key-file", key)
+	n := newNodeWithEnv(t, []string{cocoonsim.VersionEnv + "=0.3.8"}, "--guest-ssh-key-file", key)
 	n.importImage(cloudRef, n.cloudImageWithGuest("sshd", guest.Spec{SSHAuthorizedKey: authorized}))
 	_, ctrID, _ := n.runningPod("web", cloudRef)
 
@@ -344,7 +345,7 @@ func TestExecOverSSHWithoutCocoonExec(t *testing.T) {
 		t.Fatalf("the guest's host key was not pinned: %q", hostKey)
 	}
 
-	bare := newNodeWithEnv(t, []string{"COCOON_SIM_NO_EXEC=1"})
+	bare := newNodeWithEnv(t, []string{cocoonsim.VersionEnv + "=0.3.8"})
 	bare.withSnapshot()
 	podFile := bare.configFile("pod.json", bare.podConfig("cmd", "uid-cmd"))
 	podID := bare.mustCrictl("runp", "--runtime", "cocoon", podFile)

@@ -279,7 +279,7 @@ func (s *snapshotLayout) dataFiles() ([]archiveFile, error) {
 		if err := add("config.json", s.chConfig()); err != nil {
 			return nil, err
 		}
-		if err := add("state.json", map[string]any{"vm_name": o.Name, "state": "Paused"}); err != nil {
+		if err := add("state.json", map[string]any{"vm_name": o.Name, "state": "Paused", "machine_id": SnapshotMachineID(o.Name)}); err != nil {
 			return nil, err
 		}
 		files = append(files, archiveFile{name: "memory-range-0", data: memory})
@@ -341,4 +341,11 @@ func (s *snapshotLayout) chConfig() *guest.VMConfig {
 	cfg.Serial = &guest.RuntimeFile{Mode: guest.ModeOff}
 	cfg.Console = &guest.RuntimeFile{Mode: guest.ModePty}
 	return cfg
+}
+
+// SnapshotMachineID is the guest /etc/machine-id a snapshot named name was taken with: every
+// clone starts with it, as clones of a real snapshot do, until something reseeds the guest.
+func SnapshotMachineID(name string) string {
+	sum := sha256.Sum256([]byte("machine-id of " + name))
+	return hex.EncodeToString(sum[:16])
 }

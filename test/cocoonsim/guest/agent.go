@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sync"
 	"syscall"
 )
@@ -30,7 +31,20 @@ func (a *agent) serve(conn net.Conn) {
 	defer conn.Close() //nolint:errcheck
 	in := bufio.NewReader(conn)
 	out := &frameWriter{w: conn}
-	req, err := readExecRequest(in)
+	kind, payload, err := readFrame(in)
+	if err != nil {
+		_ = out.send(frameError, fmt.Appendf(nil, "read request: %v", err))
+		return
+	}
+	if kind == frameReseed {
+		if err := reseed(payload); err != nil {
+			_ = out.send(frameError, []byte(err.Error()))
+			return
+		}
+		_ = out.sendExit(0)
+		return
+	}
+	req, err := decodeExecRequest(kind, payload)
 	if err != nil {
 		_ = out.send(frameError, []byte(err.Error()))
 		return
@@ -63,11 +77,31 @@ func (a *agent) serve(conn net.Conn) {
 	_ = out.sendExit(exitCode(status))
 }
 
-func readExecRequest(in *bufio.Reader) (execRequest, error) {
-	kind, payload, err := readFrame(in)
-	if err != nil {
-		return execRequest{}, fmt.Errorf("read exec request: %w", err)
+// reseed stands in for cocoon-agent's: the entropy would go to the guest kernel's pool (the
+// simulated guest has no kernel of its own), and a new machine-id replaces /etc/machine-id in
+// place, since the guest's file is a bind mount.
+func reseed(payload []byte) error {
+	var req reseedRequest
+	if err := json.Unmarshal(payload, &req); err != nil {
+		return fmt.Errorf("decode reseed request: %w", err)
 	}
+	if len(req.Entropy) == 0 {
+		return errors.New("reseed: no entropy")
+	}
+	if !req.MachineID {
+		return nil
+	}
+	id, err := newMachineID()
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile("/etc/machine-id", []byte(id+"\n"), 0o444); err != nil { //nolint:gosec // world-readable, as systemd writes it
+		return fmt.Errorf("reseed: write machine-id: %w", err)
+	}
+	return nil
+}
+
+func decodeExecRequest(kind byte, payload []byte) (execRequest, error) {
 	if kind != frameExec {
 		return execRequest{}, fmt.Errorf("expected an exec request, got frame %q", kind)
 	}

@@ -56,7 +56,7 @@ func RunInGuest(ctx context.Context, conn net.Conn, argv []string, env map[strin
 			if len(payload) != 4 {
 				return 0, fmt.Errorf("agent: exit frame of %d bytes", len(payload))
 			}
-			return int(binary.BigEndian.Uint32(payload)), nil
+			return int(int32(binary.BigEndian.Uint32(payload))), nil //nolint:gosec // a signed exit code
 		case frameError:
 			return 0, fmt.Errorf("agent: %s", payload)
 		}
@@ -78,6 +78,33 @@ func relayStdin(stdin io.Reader, out *frameWriter) {
 			_ = out.send(frameStdinClose, nil)
 			return
 		}
+	}
+}
+
+// Reseed asks the guest agent on conn (past its CONNECT handshake) to mix entropy into the
+// guest's pool and, with machineID, to give the guest a new /etc/machine-id.
+func Reseed(ctx context.Context, conn net.Conn, entropy []byte, machineID bool) error {
+	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
+	defer stop()
+	req, err := json.Marshal(reseedRequest{Entropy: entropy, MachineID: machineID})
+	if err != nil {
+		return fmt.Errorf("encode reseed request: %w", err)
+	}
+	out := &frameWriter{w: conn}
+	if err := out.send(frameReseed, req); err != nil {
+		return canceledOr(ctx, fmt.Errorf("send reseed request: %w", err))
+	}
+	kind, payload, err := readFrame(bufio.NewReader(conn))
+	if err != nil {
+		return canceledOr(ctx, fmt.Errorf("read reseed reply: %w", err))
+	}
+	switch kind {
+	case frameExit:
+		return nil
+	case frameError:
+		return fmt.Errorf("agent: %s", payload)
+	default:
+		return fmt.Errorf("agent: unexpected frame %q", kind)
 	}
 }
 

@@ -14,13 +14,17 @@ import (
 const (
 	// frameExec opens a session (client to agent): a JSON execRequest.
 	frameExec byte = 'X'
+	// frameReseed opens a reseed session instead (client to agent): a JSON reseedRequest. The
+	// agent answers with frameExit 0 or frameError.
+	frameReseed byte = 'S'
 	// frameStdin carries input for the command; frameStdinClose ends it (the command reads EOF).
 	frameStdin      byte = 'I'
 	frameStdinClose byte = 'C'
 	// frameStdout and frameStderr carry the command's output, kept apart.
 	frameStdout byte = 'O'
 	frameStderr byte = 'E'
-	// frameExit ends a session: the command's exit code as a big-endian uint32.
+	// frameExit ends a session: the command's exit code as a big-endian int32, -1 for a command
+	// killed by a signal (as cocoon-agent reports it).
 	frameExit byte = 'Q'
 	// frameError ends a session whose command could not run: a message.
 	frameError byte = 'R'
@@ -38,6 +42,13 @@ const (
 type execRequest struct {
 	Argv []string          `json:"argv"`
 	Env  map[string]string `json:"env,omitempty"`
+}
+
+// reseedRequest is the payload of frameReseed: entropy to mix into the guest's pool, and
+// whether to give the guest a new /etc/machine-id.
+type reseedRequest struct {
+	Entropy   []byte `json:"entropy"`
+	MachineID bool   `json:"machine_id,omitempty"`
 }
 
 // frameWriter serialises frames from several goroutines onto one connection.
@@ -58,7 +69,7 @@ func (fw *frameWriter) send(kind byte, payload []byte) error {
 }
 
 func (fw *frameWriter) sendExit(code int) error {
-	return fw.send(frameExit, binary.BigEndian.AppendUint32(nil, uint32(code))) //nolint:gosec // exit codes are small
+	return fw.send(frameExit, binary.BigEndian.AppendUint32(nil, uint32(int32(code)))) //nolint:gosec // exit codes are small
 }
 
 // readFrame reads the next frame.

@@ -194,7 +194,11 @@ func (v *vmm) writeSnapshot(dir string) error {
 	if v.os != nil {
 		netState = v.os.network()
 	}
-	state, err := json.Marshal(snapshotState{VMName: v.name, State: v.state, CPUs: v.cfg.CPUs.BootVCPUs, GuestNetwork: &netState})
+	machineID, err := readMachineID(v.runDir)
+	if err != nil {
+		return err
+	}
+	state, err := json.Marshal(snapshotState{VMName: v.name, State: v.state, CPUs: v.cfg.CPUs.BootVCPUs, GuestNetwork: &netState, MachineID: machineID})
 	if err != nil {
 		return err
 	}
@@ -223,7 +227,7 @@ func (v *vmm) handleRestore(w http.ResponseWriter, r *http.Request) {
 		apiError(w, "vm.restore: %v", err)
 		return
 	}
-	cfg, netState, err := readSnapshot(dir)
+	cfg, restored, err := readSnapshot(dir)
 	if err != nil {
 		apiError(w, "vm.restore: %v", err)
 		return
@@ -252,7 +256,8 @@ func (v *vmm) handleRestore(w http.ResponseWriter, r *http.Request) {
 	v.cfg = cfg
 	v.state = statePaused
 	v.resumePending = true
-	v.restoredNet = netState
+	v.restoredNet = restored.net
+	v.restoredMachineID = restored.machineID
 	v.logger.Printf("vm.restore: restored from %s (memory_restore_mode=%q)", dir, req.MemoryRestoreMode)
 	w.WriteHeader(http.StatusNoContent)
 }
@@ -264,39 +269,49 @@ type snapshotState struct {
 	State        string        `json:"state"`
 	CPUs         int           `json:"cpus,omitempty"`
 	GuestNetwork *guestNetwork `json:"guest_network,omitempty"`
+	// MachineID is the guest's /etc/machine-id: part of the disk and memory a clone inherits.
+	MachineID string `json:"machine_id,omitempty"`
 }
 
-// readSnapshot loads a snapshot's configuration and the guest's network state. A state.json
-// without one (a snapshot not made by the simulator) leaves the guest to what its boot args say.
-func readSnapshot(dir string) (*VMConfig, guestNetwork, error) {
+// restoredGuest is what a snapshot keeps of the guest OS.
+type restoredGuest struct {
+	net       guestNetwork
+	machineID string
+}
+
+// readSnapshot loads a snapshot's configuration and the guest's state. A state.json without a
+// network state (a snapshot not made by the simulator) leaves the guest to what its boot args say.
+func readSnapshot(dir string) (*VMConfig, restoredGuest, error) {
 	data, err := os.ReadFile(filepath.Join(dir, snapshotConfigFile)) //nolint:gosec // snapshot dir
 	if err != nil {
-		return nil, guestNetwork{}, err
+		return nil, restoredGuest{}, err
 	}
 	var cfg VMConfig
 	if err := json.Unmarshal(data, &cfg); err != nil {
-		return nil, guestNetwork{}, fmt.Errorf("decode %s: %w", snapshotConfigFile, err)
+		return nil, restoredGuest{}, fmt.Errorf("decode %s: %w", snapshotConfigFile, err)
 	}
 	stateData, err := os.ReadFile(filepath.Join(dir, snapshotStateFile)) //nolint:gosec // snapshot dir
 	if err != nil {
-		return nil, guestNetwork{}, err
+		return nil, restoredGuest{}, err
 	}
 	var state snapshotState
 	if err := json.Unmarshal(stateData, &state); err != nil {
-		return nil, guestNetwork{}, fmt.Errorf("decode %s: %w", snapshotStateFile, err)
+		return nil, restoredGuest{}, fmt.Errorf("decode %s: %w", snapshotStateFile, err)
 	}
 	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return nil, guestNetwork{}, err
+		return nil, restoredGuest{}, err
 	}
 	if !slices.ContainsFunc(entries, func(e os.DirEntry) bool { return strings.HasPrefix(e.Name(), "memory-range") }) {
-		return nil, guestNetwork{}, errors.New("no memory-range file in snapshot")
+		return nil, restoredGuest{}, errors.New("no memory-range file in snapshot")
 	}
+	restored := restoredGuest{machineID: state.MachineID}
 	if state.GuestNetwork != nil {
-		return &cfg, *state.GuestNetwork, nil
+		restored.net = *state.GuestNetwork
+		return &cfg, restored, nil
 	}
-	netState, err := networkFromBootArgs(&cfg, dir)
-	return &cfg, netState, err
+	restored.net, err = networkFromBootArgs(&cfg, dir)
+	return &cfg, restored, err
 }
 
 func (v *vmm) handleAddDisk(w http.ResponseWriter, r *http.Request) {

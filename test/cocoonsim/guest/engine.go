@@ -34,7 +34,7 @@ func (v *vmm) resumeGuestOS(netState guestNetwork, nics []*nic) (guestOS, error)
 }
 
 func (v *vmm) startSimulatedGuest(netState guestNetwork, nics []*nic) (guestOS, error) {
-	plan, err := planGuest(v.runDir, v.spec, netState)
+	plan, err := planGuest(v.runDir, v.spec, netState, v.restoredMachineID)
 	if err != nil {
 		return nil, err
 	}

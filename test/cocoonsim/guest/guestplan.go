@@ -1,6 +1,8 @@
 package guest
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -31,6 +33,8 @@ type osPlan struct {
 	HTTPPort int `json:"http_port,omitempty"`
 	// SSHDConfig, when set, is the sshd_config of the guest's sshd.
 	SSHDConfig string `json:"sshd_config,omitempty"`
+	// NoAgent: the guest runs no cocoon-agent.
+	NoAgent bool `json:"no_agent,omitempty"`
 }
 
 // guestFile is a file of the run dir that the guest sees at Path.
@@ -42,21 +46,28 @@ type guestFile struct {
 // planGuest writes the guest's files for this boot into the run dir and returns the plan the
 // guest OS starts from. /etc/resolv.conf, /etc/hostname and /etc/hosts are written afresh from
 // the network state on every boot or restore, as cloud-init or the initramfs would; sshd's host
-// key is made once per VM and kept.
-func planGuest(runDir string, spec Spec, netState guestNetwork) (osPlan, error) {
+// key is made once per VM and kept. /etc/machine-id is the one a restored snapshot had
+// (restoredMachineID: every clone of a snapshot shares it until reseeded), else the one this VM's
+// disk already has, else a new one, as systemd makes it on first boot.
+func planGuest(runDir string, spec Spec, netState guestNetwork, restoredMachineID string) (osPlan, error) {
 	hostname := netState.Hostname
 	if hostname == "" {
 		hostname = "localhost"
 	}
-	plan := osPlan{Hostname: hostname, RunDir: runDir, HTTPPort: spec.HTTPPort}
+	plan := osPlan{Hostname: hostname, RunDir: runDir, HTTPPort: spec.HTTPPort, NoAgent: spec.NoAgent}
 	etcDir := filepath.Join(runDir, guestFilesDir, "etc")
 	if err := os.MkdirAll(etcDir, 0o755); err != nil {
 		return osPlan{}, fmt.Errorf("guest files: %w", err)
+	}
+	machineID, err := guestMachineID(runDir, restoredMachineID)
+	if err != nil {
+		return osPlan{}, err
 	}
 	for _, f := range []struct{ name, content string }{
 		{"resolv.conf", resolvConf(netState.DNS)},
 		{"hostname", hostname + "\n"},
 		{"hosts", hostsFile(hostname)},
+		{"machine-id", machineID + "\n"},
 	} {
 		source := filepath.Join(etcDir, f.name)
 		if err := os.WriteFile(source, []byte(f.content), 0o644); err != nil { //nolint:gosec // world-readable, as in /etc
@@ -79,6 +90,40 @@ func planGuest(runDir string, spec Spec, netState guestNetwork) (osPlan, error) 
 		plan.SSHDConfig = config
 	}
 	return plan, nil
+}
+
+// machineIDFile is the guest's /etc/machine-id in the run dir.
+func machineIDFile(runDir string) string {
+	return filepath.Join(runDir, guestFilesDir, "etc", "machine-id")
+}
+
+// readMachineID is the guest's machine-id, "" when it has none yet.
+func readMachineID(runDir string) (string, error) {
+	data, err := os.ReadFile(machineIDFile(runDir)) //nolint:gosec // the VM's run dir
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", nil
+	}
+	return strings.TrimSpace(string(data)), err
+}
+
+func guestMachineID(runDir, restored string) (string, error) {
+	if restored != "" {
+		return restored, nil
+	}
+	id, err := readMachineID(runDir)
+	if err != nil || id != "" {
+		return id, err
+	}
+	return newMachineID()
+}
+
+// newMachineID is a fresh machine-id: 128 random bits in lowercase hex, as systemd writes it.
+func newMachineID() (string, error) {
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("machine-id: %w", err)
+	}
+	return hex.EncodeToString(b), nil
 }
 
 // busyboxBinDir is where the guest's busybox applets appear: the first directory of the guest's

@@ -87,8 +87,11 @@ func bootGuestServices(vsockDev *os.File) error {
 			return err
 		}
 	}
-	a := &agent{reaper: r}
-	go func() { _ = vsockPorts{AgentPort: a.serve}.serve(vsockDev) }()
+	ports := vsockPorts{}
+	if !plan.NoAgent {
+		ports[AgentPort] = (&agent{reaper: r}).serve
+	}
+	go func() { _ = ports.serve(vsockDev) }()
 	return nil
 }
 

@@ -69,12 +69,9 @@ func (r *reaper) start(cmd *exec.Cmd) (<-chan unix.WaitStatus, error) {
 	return exited, nil
 }
 
-// exitCode is what a shell reports for a finished child: its exit status, or 128 + the signal
-// that killed it.
+// exitCode is what cocoon-agent reports for a finished child: its exit status, or -1 when a
+// signal killed it (Go's ProcessState.ExitCode), which cocoon vm exec passes on as exit 255.
 func exitCode(status unix.WaitStatus) int {
-	if status.Signaled() {
-		return 128 + int(status.Signal())
-	}
 	return status.ExitStatus()
 }
 

@@ -49,6 +49,9 @@ type Spec struct {
 	// without a terminal, which critest's default container ("top") needs. The host must have a
 	// busybox binary.
 	Busybox bool `json:"busybox,omitempty"`
+	// NoAgent is a guest without cocoon-agent (an image that does not bake it): the VM's vsock
+	// device exists, but nothing in the guest answers on the agent's port.
+	NoAgent bool `json:"no_agent,omitempty"`
 }
 
 // IsZero reports whether s asks for nothing but the default behaviour.

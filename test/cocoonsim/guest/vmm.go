@@ -13,6 +13,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/internal/release"
 )
 
 // Cloud Hypervisor VM states as vm.info reports them.
@@ -39,13 +41,15 @@ type vmm struct {
 	cfg   *VMConfig // nil until the VM is booted or restored
 	state string
 	// resumePending is set by vm.restore: the guest comes back on the first vm.resume, with the
-	// network state restoredNet it had when the snapshot was taken.
-	resumePending bool
-	restoredNet   guestNetwork
-	console       *console
-	nics          map[string]*nic // open virtio-net devices by ID
-	os            guestOS         // nil while no guest runs
-	load          *guestLoad      // what the running guest costs the process; nil with none or a real kernel
+	// network state restoredNet and the machine-id restoredMachineID it had when the snapshot
+	// was taken.
+	resumePending     bool
+	restoredNet       guestNetwork
+	restoredMachineID string
+	console           *console
+	nics              map[string]*nic // open virtio-net devices by ID
+	os                guestOS         // nil while no guest runs
+	load              *guestLoad      // what the running guest costs the process; nil with none or a real kernel
 }
 
 // runVMM is the hypervisor process: it parses cloud-hypervisor arguments, boots the VM when they
@@ -75,7 +79,7 @@ func runVMM(name string, args []string) int {
 		logger.Printf("Error booting VM: simulated boot failure (%s: fail_boot)", SpecFile)
 		return 1
 	}
-	if !ExecDisabled() {
+	if release.HasAgent() {
 		vsock, err := v.listenVsock()
 		if err != nil {
 			logger.Printf("vsock: %v", err)

@@ -15,14 +15,6 @@ import (
 // hypervisor.VsockSockName), where cloud-hypervisor exposes the guest's virtio-vsock device.
 const VsockSocketName = "vsock.uds"
 
-// NoExecEnv, set to "1", makes the simulator plain cocoon v0.3.8 again: no `vm exec` command,
-// and hypervisors started meanwhile get no vsock device (as VMs made by cocoon before exec
-// support). cocoon-cri's fallbacks for such a cocoon are tested with it.
-const NoExecEnv = "COCOON_SIM_NO_EXEC"
-
-// ExecDisabled reports whether NoExecEnv is in effect for this process.
-func ExecDisabled() bool { return os.Getenv(NoExecEnv) == "1" }
-
 const (
 	// connectLineMax bounds the handshake line, as cocoon bounds the reply.
 	connectLineMax = 64
