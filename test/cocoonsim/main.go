@@ -1,8 +1,8 @@
 // Package cocoonsim is a stand-in for the cocoon CLI (github.com/cocoonstack/cocoon), v0.5.1 or
-// v0.3.8 (VersionEnv), for machines where cocoon and its hypervisors cannot run. It honours cocoon's command-line contract
-// where cocoon-cri depends on it: the same commands and flags, JSON shapes, error strings, exit
-// codes, on-disk layout, locking and quirks. Started VMs are real processes (package guest) that
-// serve a Cloud-Hypervisor-like API and console.
+// v0.3.8 (VersionEnv), for machines where cocoon and its hypervisors cannot run. It honours
+// cocoon's command-line contract where cocoon-cri depends on it: the same commands and flags, JSON
+// shapes, error strings, exit codes, on-disk layout, locking and quirks. Started VMs are real
+// processes (package guest) that serve a Cloud-Hypervisor-like API and console.
 package cocoonsim
 
 import (
