@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# cocoon converts OCI VM image layers with `mkfs.erofs --tar`, which Debian 12's erofs-utils (1.5)
-# lacks. This builds mkfs.erofs from Debian's own erofs-utils 1.8.6 source (checked by SHA-256)
-# into /usr/local/sbin, which comes before /usr/bin on PATH. It does nothing when the mkfs.erofs
-# on PATH already has --tar, so a repeat run costs a few milliseconds. Needs root.
+# cocoon converts OCI VM image layers with `mkfs.erofs --tar`, and cocoon v0.5 needs erofs-utils
+# 1.8 or newer; Debian 12's is 1.5. This builds mkfs.erofs from Debian's own erofs-utils 1.8.6
+# source (checked by SHA-256) into /usr/local/sbin, which comes before /usr/bin on PATH. It does
+# nothing when the mkfs.erofs on PATH is 1.8 or newer, so a repeat run costs a few milliseconds.
+# Needs root.
 set -euo pipefail
 
-if mkfs.erofs --help 2>&1 | grep -q -- '--tar'; then
+minimum=1.8
+found=$(mkfs.erofs -V 2>/dev/null | sed -n '1s/.*(erofs-utils) *//p' || true)
+if [ -n "$found" ] && dpkg --compare-versions "$found" ge "$minimum"; then
   exit 0
 fi
 if [ "$(id -u)" -ne 0 ]; then
-  echo "setup-erofs: mkfs.erofs lacks --tar; run as root to build erofs-utils 1.8.6" >&2
+  echo "setup-erofs: mkfs.erofs ${found:-missing} is older than $minimum; run as root to build erofs-utils 1.8.6" >&2
   exit 1
 fi
 

@@ -13,6 +13,7 @@ import (
 // Reasons of the runtime conditions, in the CamelCase the kubelet shows on the node.
 const (
 	reasonCocoonUnavailable = "CocoonUnavailable"
+	reasonCocoonTooOld      = "CocoonTooOld"
 	// reasonNetworkNotReady is the reason containerd and CRI-O give, which operators know.
 	reasonNetworkNotReady = "NetworkPluginNotReady"
 )
@@ -20,13 +21,19 @@ const (
 // networkProbeInterval bounds how long a new or fixed CNI configuration takes to show as ready.
 const networkProbeInterval = 2 * time.Second
 
-// Status reports RuntimeReady (cocoon answers) and NetworkReady, and the handlers served.
+// Status reports RuntimeReady (cocoon answers, and is recent enough) and NetworkReady, and the
+// handlers served.
 func (s *Server) Status(ctx context.Context, req *runtimeapi.StatusRequest) (*runtimeapi.StatusResponse, error) {
 	probe := s.health.Get(ctx)
-	runtimeReady := &runtimeapi.RuntimeCondition{Type: runtimeapi.RuntimeReady, Status: probe.Err == nil}
+	runtimeReady := &runtimeapi.RuntimeCondition{Type: runtimeapi.RuntimeReady, Status: true}
 	if probe.Err != nil {
+		runtimeReady.Status = false
 		runtimeReady.Reason = reasonCocoonUnavailable
 		runtimeReady.Message = "cocoon does not answer: " + probe.Err.Error()
+	} else if err := cocoon.CheckVersion(probe.Value.Version); err != nil {
+		runtimeReady.Status = false
+		runtimeReady.Reason = reasonCocoonTooOld
+		runtimeReady.Message = err.Error()
 	}
 	netProbe := s.netReady.Get(ctx)
 	networkReady := &runtimeapi.RuntimeCondition{Type: runtimeapi.NetworkReady, Status: netProbe.Err == nil}

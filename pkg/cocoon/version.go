@@ -6,6 +6,8 @@ import (
 	"context"
 	"fmt"
 	"strings"
+
+	"golang.org/x/mod/semver"
 )
 
 // VersionInfo is what cocoon version prints.
@@ -15,6 +17,22 @@ type VersionInfo struct {
 	Built     string
 	GoVersion string
 	OSArch    string
+}
+
+// MinVersion is the oldest cocoon cocoon-cri runs on (docs/cocoon-contract.md).
+const MinVersion = "v0.3.8"
+
+// CheckVersion refuses a cocoon older than MinVersion. A version that is not semantic (a
+// developer build) passes: the capability probe decides what such a binary can do.
+func CheckVersion(version string) error {
+	v := version
+	if !strings.HasPrefix(v, "v") {
+		v = "v" + v
+	}
+	if semver.IsValid(v) && semver.Compare(v, MinVersion) < 0 {
+		return fmt.Errorf("cocoon %s is older than %s, the oldest cocoon-cri supports: upgrade cocoon", version, MinVersion)
+	}
+	return nil
 }
 
 // Version runs cocoon version. It is the cheapest call that proves the binary runs.
