@@ -97,6 +97,9 @@ func runLifecycle(t *testing.T, n *node, version string, restartEachStep bool) {
 		if vm.Config.CPU != 1 || vm.Config.Memory != 512<<20 {
 			t.Fatalf("VM size cpu=%d memory=%d, want the snapshot's 1 and 512MiB", vm.Config.CPU, vm.Config.Memory)
 		}
+		if mem, _ := field(c, "info", "vm", "memory").(float64); int64(mem) != vm.Config.Memory {
+			t.Fatalf("crictl inspect shows memory %v, the VM has %d", field(c, "info", "vm", "memory"), vm.Config.Memory)
+		}
 		if id := n.mustCrictl("exec", ctrID, "cat", "/etc/machine-id"); len(id) != 32 || id == testimage.SnapshotMachineID("snap") {
 			t.Fatalf("the clone's machine-id %q: want its own, not the snapshot's", id)
 		}
