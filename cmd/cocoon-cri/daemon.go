@@ -158,7 +158,7 @@ func runDaemon(parent context.Context, o *options) error {
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- g.Serve(lis) }()
 	log.Info("cocoon-cri serving", "version", version, "socket", o.socket, "stateDir", o.stateDir, "cocoon", o.cocoonBinary,
-		"streams", streams.Addr(), "metrics", metricsAddr, "guestExec", guestExecLog(vms.ExecPath(ctx)),
+		"streams", streams.Addr(), "metrics", metricsAddr, "guestExec", vmruntime.DescribeExecPath(vms.ExecPath(ctx)),
 		"passthrough", orDefault(o.passthroughEndpoint, "off"), "cgroupDriver", o.cgroupDriver)
 
 	select {
@@ -198,10 +198,3 @@ func stopMetrics(ep *metrics.Endpoint, log *slog.Logger) {
 	}
 }
 
-// guestExecLog names how commands reach guests, for the start-up log.
-func guestExecLog(path string) string {
-	if path == vmruntime.ExecPathNone {
-		return "none (commands, exec and ExecSync probes are refused)"
-	}
-	return path
-}

@@ -52,8 +52,9 @@ const (
 	ExecPathNone  = ""
 )
 
-// ExecPath is how commands reach guests: through cocoon's guest agent (vm exec) when this cocoon
-// has it, over SSH to the pod IP when a login is configured, or not at all.
+// ExecPath is how commands reach guests on this node: through cocoon's guest agent (vm exec) when
+// this cocoon has it, over SSH to the pod IP when a login is configured, or not at all. A VM may
+// learn otherwise (guestExecPath).
 func (s *Server) ExecPath(ctx context.Context) string {
 	switch {
 	case s.cocoon.ExecSupported(ctx):
@@ -67,30 +68,106 @@ func (s *Server) ExecPath(ctx context.Context) string {
 // hasExecPath reports whether commands can be run in guests at all.
 func (s *Server) hasExecPath(ctx context.Context) bool { return s.ExecPath(ctx) != ExecPathNone }
 
-// guestExec runs argv in the container's guest and returns its exit code, by ExecPath. A booting
-// guest's agent is waited for until ctx ends.
+// guestExec runs argv in the container's guest and returns its exit code, by the VM's exec path.
+// A guest found to have no agent falls back to SSH where a login is configured.
 func (s *Server) guestExec(ctx context.Context, sb *store.Sandbox, c *store.Container, argv []string, stdio streaming.ExecIO) (int, error) {
-	switch s.ExecPath(ctx) {
-	case ExecPathAgent:
-		return s.agentExec(ctx, sb, c, argv, stdio)
-	case ExecPathSSH:
+	path, learned := s.guestExecPath(ctx, c)
+	if path == ExecPathAgent {
+		code, err := s.agentExec(ctx, sb, c, argv, stdio)
+		var none *noAgentError
+		if !errors.As(err, &none) {
+			return code, err
+		}
+		if path = s.learnNoAgent(c, none); path == ExecPathNone {
+			return -1, noAgentNoSSH(c, none.why)
+		}
+	}
+	switch {
+	case path == ExecPathSSH:
 		return s.sshExec(ctx, sb, c, argv, stdio)
+	case learned:
+		return -1, noAgentNoSSH(c, "it has no cocoon-agent")
 	}
 	return -1, errNoExecPath
 }
 
+func noAgentNoSSH(c *store.Container, why string) error {
+	return precondition("cannot run commands in the guest of %s: %s and no guest SSH login is configured; "+
+		"use an image with cocoon-agent, or start cocoon-cri with --guest-ssh-key-file", c.VM.Name, why)
+}
+
+// guestExecPath is the exec path this VM was found to have (learned), else the node's.
+func (s *Server) guestExecPath(ctx context.Context, c *store.Container) (path string, learned bool) {
+	if cur, err := s.store.Containers.Get(c.ID); err == nil && cur.VM.GuestExecKnown {
+		return cur.VM.GuestExec, true
+	}
+	return s.ExecPath(ctx), false
+}
+
+// noAgentError: the VM's guest has no cocoon-agent that will ever answer.
+type noAgentError struct{ why string }
+
+func (e *noAgentError) Error() string { return e.why }
+
+// learnGuestExec records the VM's exec path once, so later commands neither wait for an agent that
+// is not there nor ask again.
+func (s *Server) learnGuestExec(c *store.Container, path string) {
+	if cur, err := s.store.Containers.Get(c.ID); err != nil || cur.VM.GuestExecKnown {
+		return
+	}
+	_, err := s.store.Containers.Modify(c.ID, func(r *store.Container) error {
+		if r.VM.ID == c.VM.ID {
+			r.VM.GuestExec, r.VM.GuestExecKnown = path, true
+		}
+		return nil
+	})
+	if err != nil {
+		s.log.Warn("recording how commands reach the guest failed", "container", c.ID, "err", err)
+	}
+}
+
+// learnNoAgent records that the VM has no agent and returns the path its commands take instead.
+func (s *Server) learnNoAgent(c *store.Container, none *noAgentError) string {
+	path := ExecPathNone
+	if s.cfg.GuestSSH.configured() {
+		path = ExecPathSSH
+	}
+	s.learnGuestExec(c, path)
+	s.log.Warn("the guest has no cocoon-agent", "container", c.ID, "vm", c.VM.Name, "why", none.why, "guestExec", DescribeExecPath(path))
+	return path
+}
+
+// DescribeExecPath names an exec path for logs.
+func DescribeExecPath(path string) string {
+	if path == ExecPathNone {
+		return "none (commands, exec and ExecSync probes are refused)"
+	}
+	return path
+}
+
 // agentExec uses cocoon's vm exec. It has no terminal of its own: a TTY request runs the command
-// under script(1) in the guest, which makes one (the terminal keeps its initial size).
+// under script(1) in the guest, which makes one (the terminal keeps its initial size). A booting
+// guest's agent is waited for until ctx ends, or until the guest-ready timeout after the VM started
+// has passed: then the guest has no agent (a noAgentError), as when cocoon says the VM has no vsock.
 func (s *Server) agentExec(ctx context.Context, sb *store.Sandbox, c *store.Container, argv []string, stdio streaming.ExecIO) (int, error) {
 	if stdio.TTY {
 		argv = []string{"script", "-qefc", streaming.ShellQuote(argv), "/dev/null"}
 		stdio.Stderr = stdio.Stdout
 	}
 	opts := cocoon.ExecOptions{Stdin: stdio.Stdin, Stdout: stdio.Stdout, Stderr: stdio.Stderr}
+	agentDeadline := time.Unix(0, c.StartedAt).Add(s.cfg.GuestReadyTimeout)
 	for {
 		code, err := s.cocoonFor(sb).VMExec(ctx, c.VM.ID, argv, opts)
-		if !errors.Is(err, cocoon.ErrAgentStarting) {
+		switch {
+		case err == nil:
+			s.learnGuestExec(c, ExecPathAgent)
+			return code, nil
+		case errors.Is(err, cocoon.ErrNoVsock):
+			return -1, &noAgentError{why: "cocoon says the VM has no vsock device for an agent"}
+		case !errors.Is(err, cocoon.ErrAgentStarting):
 			return code, err
+		case c.StartedAt != 0 && s.nowFunc().After(agentDeadline):
+			return -1, &noAgentError{why: fmt.Sprintf("its cocoon-agent did not answer within %s of the start", s.cfg.GuestReadyTimeout)}
 		}
 		select {
 		case <-ctx.Done():

@@ -8,6 +8,9 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
 	"github.com/cocoonstack/cocoon-cri/streaming"
 	"github.com/cocoonstack/cocoon-cri/tapmanager"
@@ -25,7 +28,12 @@ func (s *Server) setUpGuest(ctx context.Context, sb *store.Sandbox, c *store.Con
 		return
 	}
 	script := guestSetupScript(sb, c)
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.GuestReadyTimeout)
+	budget := s.cfg.GuestReadyTimeout
+	if path, _ := s.guestExecPath(ctx, c); path == ExecPathAgent && s.cfg.GuestSSH.configured() {
+		// The agent gets one guest-ready timeout; a guest found to have none, a second over SSH.
+		budget *= 2
+	}
+	ctx, cancel := context.WithTimeout(ctx, budget)
 	defer cancel()
 	for {
 		var out bytes.Buffer
@@ -41,6 +49,9 @@ func (s *Server) setUpGuest(ctx context.Context, sb *store.Sandbox, c *store.Con
 		case ctx.Err() != nil:
 			log.Warn("the guest did not take commands in time; left as cocoon configured it", "err", err)
 			return
+		case status.Code(err) == codes.FailedPrecondition:
+			log.Warn("the guest cannot take commands; left as cocoon configured it", "err", err)
+			return
 		}
 		// A guest still booting (its sshd not up yet): try again.
 		select {
@@ -54,7 +65,7 @@ func (s *Server) setUpGuest(ctx context.Context, sb *store.Sandbox, c *store.Con
 // with the snapshot's. cocoon v0.5 tries that itself after vm clone, in the background and
 // without reporting a failure; asked again once the agent has answered, it is made sure of.
 func (s *Server) reseedClone(ctx context.Context, c *store.Container, log *slog.Logger) {
-	if c.VM.Mode != store.VMClone || s.ExecPath(ctx) != ExecPathAgent {
+	if path, _ := s.guestExecPath(ctx, c); c.VM.Mode != store.VMClone || path != ExecPathAgent {
 		return
 	}
 	if caps, err := s.cocoon.Capabilities(ctx); err != nil || !caps.ReseedMachineID {

@@ -116,13 +116,22 @@ func cocoonExecError(stderr string) (string, bool) {
 	return msg, strings.HasPrefix(msg, "exec:") || classifyExec(msg) != nil
 }
 
-// ErrAgentStarting: the guest agent does not answer yet (a booting guest); retry shortly.
-var ErrAgentStarting = errors.New("guest agent not up yet")
+// Exec failures of cocoon itself that say something about the guest.
+var (
+	// ErrAgentStarting: the guest agent does not answer yet (a booting guest, or one without the
+	// agent); retry shortly.
+	ErrAgentStarting = errors.New("guest agent not up yet")
+	// ErrNoVsock: the VM has no vsock device (made by a cocoon without agent support), so no
+	// agent can ever answer.
+	ErrNoVsock = errors.New("the VM has no vsock device")
+)
 
 func classifyExec(msg string) error {
 	switch {
 	case strings.Contains(msg, "dial agent"):
 		return ErrAgentStarting
+	case strings.Contains(msg, "vsock not configured"):
+		return ErrNoVsock
 	case strings.Contains(msg, "unknown command"):
 		return ErrUnsupported
 	}

@@ -35,6 +35,8 @@ func TestVMExecPassesTheCommandsExitCodeOn(t *testing.T) {
 		response{match: "-- says-error", stderr: "Error: the command's own words\n", code: 1},
 		response{match: "-- early", stderr: logLine + "Error: exec: dial agent: read CONNECT reply: EOF (cocoon-agent may still be starting; retry shortly)\n", code: 1},
 		response{match: "-- stopped", stderr: "Error: exec: vm not running\n", code: 1},
+		response{match: "-- old-vm", stderr: "Error: exec: vsock not configured for this VM (recreate the VM to enable agent exec)\n", code: 1},
+		response{match: "-- killed", code: 255},
 	)
 	ctx := context.Background()
 	var out, errOut bytes.Buffer
@@ -55,6 +57,13 @@ func TestVMExecPassesTheCommandsExitCodeOn(t *testing.T) {
 	}
 	if _, err = c.VMExec(ctx, "VMID", []string{"early"}, ExecOptions{}); !errors.Is(err, ErrAgentStarting) {
 		t.Fatalf("agent not up: %v", err)
+	}
+	if _, err = c.VMExec(ctx, "VMID", []string{"old-vm"}, ExecOptions{}); !errors.Is(err, ErrNoVsock) {
+		t.Fatalf("a VM without vsock: %v", err)
+	}
+	// v0.5 reports a command killed by a signal as exit 255, with no Error: line.
+	if code, err = c.VMExec(ctx, "VMID", []string{"killed"}, ExecOptions{}); err != nil || code != 255 {
+		t.Fatalf("a signal-killed command: %d %v", code, err)
 	}
 	var ce *CommandError
 	if _, err = c.VMExec(ctx, "VMID", []string{"stopped"}, ExecOptions{}); !errors.As(err, &ce) || ce.Message != "exec: vm not running" {

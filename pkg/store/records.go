@@ -162,6 +162,12 @@ type VM struct {
 	PullBase bool   `json:"pull_base,omitempty"`
 	ID       string `json:"id,omitempty"`
 	PID      int    `json:"pid,omitempty"`
+	// GuestExec is how commands reach this VM's guest, once learned: "cocoon vm exec" once its
+	// cocoon-agent answered; "ssh" or "" once it was found to have none (cocoon says it has no
+	// vsock device, or the agent did not answer within the guest-ready timeout of the start).
+	// GuestExecKnown says whether it was learned at all.
+	GuestExec      string `json:"guest_exec,omitempty"`
+	GuestExecKnown bool   `json:"guest_exec_known,omitempty"`
 	// APISocket is the hypervisor's API socket (cocoon's socket_path): where its console is found.
 	APISocket string `json:"api_socket,omitempty"`
 	// PIDStart is when the hypervisor started (clock ticks since boot). With PID it names the

@@ -428,3 +428,42 @@ func TestStreamsAcrossARestart(t *testing.T) {
 		t.Fatalf("the lost command's log: %q", got)
 	}
 }
+
+// TestGuestWithoutAgentFallsBackPerVM: on cocoon v0.5 a guest whose image lacks cocoon-agent is
+// found out per VM. Once its agent has not answered within --guest-ready-timeout of the start, its
+// commands go over SSH when a login is configured, and are refused at once, saying why, when none
+// is; the record keeps what was learned.
+func TestGuestWithoutAgentFallsBackPerVM(t *testing.T) {
+	key, authorized := sshKeyPair(t)
+	n := newNode(t, "--guest-ssh-key-file", key, "--guest-ready-timeout", "3s")
+	n.importImage(cloudRef, n.cloudImageWithGuest("noagent", guest.Spec{SSHAuthorizedKey: authorized, NoAgent: true}))
+	_, ctrID, _ := n.runningPod("web", cloudRef)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		out, err := n.crictl("exec", ctrID, "hostname")
+		if err == nil && out == "web" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("exec over SSH after the agent did not answer: %q, %v", out, err)
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	if vm := field(n.inspect("inspect", ctrID), "info", "vm"); field(vm.(map[string]any), "guest_exec") != "ssh" {
+		t.Fatalf("the record does not say the guest is reached over SSH: %v", vm)
+	}
+
+	bare := newNode(t, "--guest-ready-timeout", "3s")
+	bare.importImage(snapRef, bare.snapshotImage("bare", testimage.SnapshotOptions{Guest: guest.Spec{NoAgent: true}}))
+	_, bareID, _ := bare.runningPod("bare", snapRef)
+	for _, attempt := range []string{"first", "second"} {
+		_, err := bare.crictl("exec", "--sync", bareID, "true")
+		if err == nil || !strings.Contains(err.Error(), "no guest SSH login is configured") || !strings.Contains(err.Error(), "use an image with cocoon-agent") {
+			t.Fatalf("%s exec in a guest without agent or SSH: %v", attempt, err)
+		}
+	}
+	vm, _ := field(bare.inspect("inspect", bareID), "info", "vm").(map[string]any)
+	if vm["guest_exec_known"] != true || vm["guest_exec"] != nil {
+		t.Fatalf("the record does not say the guest cannot take commands: %v", vm)
+	}
+}
