@@ -197,4 +197,3 @@ func stopMetrics(ep *metrics.Endpoint, log *slog.Logger) {
 		log.Warn("stopping the metrics server", "err", err)
 	}
 }
-
