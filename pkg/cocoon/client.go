@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -184,7 +185,12 @@ func subcommand(args []string) string {
 	for n < len(args) && n < 2 && !strings.HasPrefix(args[n], "-") {
 		n++
 	}
-	return strings.Join(args[:n], " ")
+	sub := strings.Join(args[:n], " ")
+	// The capability probe's help calls are not the commands they describe.
+	if slices.Contains(args, "--help") {
+		sub += " --help"
+	}
+	return sub
 }
 
 // emptyList reports cocoon's plain-text empty-list answer ("No VMs found.", "No images found.",

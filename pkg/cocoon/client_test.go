@@ -409,6 +409,7 @@ func TestSubcommand(t *testing.T) {
 		"version":                  "version",
 		"snapshot import --name x": "snapshot import",
 		"image rm foo":             "image rm",
+		"vm clone --help":          "vm clone --help",
 	} {
 		if got := subcommand(strings.Fields(args)); got != want {
 			t.Errorf("subcommand(%q) = %q, want %q", args, got, want)

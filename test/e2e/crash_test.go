@@ -172,9 +172,13 @@ var crashScenarios = []crashScenario{
 }
 
 // backgroundPoint reports points that do not happen at the same place on every run: the startup
-// probes, guest set-up through vm exec, the VM watcher and sweep.
+// probes (the capability probe's --help calls included), guest set-up through vm exec and vm
+// reseed, the VM watcher and sweep.
 func backgroundPoint(name string) bool {
-	for _, p := range []string{"cocoon vm exec", "cocoon vm status", "cocoon vm list", "cocoon version", "cocoon vm inspect"} {
+	if strings.Contains(name, " --help/") {
+		return true
+	}
+	for _, p := range []string{"cocoon vm exec", "cocoon vm reseed", "cocoon vm status", "cocoon vm list", "cocoon version", "cocoon vm inspect"} {
 		if strings.HasPrefix(name, p) {
 			return true
 		}
