@@ -1,9 +1,11 @@
 package vmruntime
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"syscall"
 	"time"
 
@@ -156,8 +158,15 @@ func (s *Server) checkVMEndedOnce(ctx context.Context, sandboxID, containerID, v
 		return false
 	}
 	vm, err := s.cocoon.VMInspect(ctx, vmID)
+	// cocoon's liveness check is kill(pid, 0), which a hypervisor nobody reaped passes: it keeps
+	// calling such a VM running (docs/cocoon-contract.md section 7).
+	unreaped := err == nil && vm.State == cocoon.VMStateRunning && !processAlive(vm.PID)
 	var st exitStatus
 	switch {
+	case unreaped && !settled:
+		return true
+	case unreaped:
+		st = exitStatus{killedExitCode, reasonVMCrashed, fmt.Sprintf("the hypervisor process (PID %d) ended unexpectedly; cocoon still reports it running because nothing reaped it", vm.PID)}
 	case errors.Is(err, cocoon.ErrNotFound):
 		st = exitStatus{killedExitCode, reasonVMGone, "the VM was removed from cocoon outside cocoon-cri"}
 	case err != nil:
@@ -196,10 +205,24 @@ func (s *Server) runningContainersOf(vmID string) []*store.Container {
 }
 
 // processAlive reports whether pid names a live process (EPERM: alive, owned by someone else).
+// A zombie is not alive: it has exited, and only waits for a parent (or an init) to reap it.
 func processAlive(pid int) bool {
 	if pid <= 0 {
 		return false
 	}
-	err := syscall.Kill(pid, 0)
-	return err == nil || errors.Is(err, syscall.EPERM)
+	if err := syscall.Kill(pid, 0); err != nil && !errors.Is(err, syscall.EPERM) {
+		return false
+	}
+	return !zombie(pid)
+}
+
+// zombie reports whether /proc says pid has exited unreaped. The command name in /proc/PID/stat
+// may hold spaces and parentheses, so the state is the first field after the last ')'.
+func zombie(pid int) bool {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	_, rest, ok := bytes.Cut(data[bytes.LastIndexByte(data, ')')+1:], []byte(" "))
+	return ok && len(rest) > 0 && (rest[0] == 'Z' || rest[0] == 'X')
 }

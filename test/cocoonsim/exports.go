@@ -66,15 +66,29 @@ func killGuest(pidFile string) error {
 		return err
 	}
 	if !verifyProcessCmdline(pid, "", apiSocketPath(filepath.Dir(pidFile))) {
-		return nil
+		held, err := guest.ReleaseZombie(pid)
+		if !held || err != nil {
+			return err
+		}
+		return waitGone(pidFile, pid)
 	}
 	osPID, _ := guest.OSPID(pid)
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
 		return fmt.Errorf("kill guest %d (%s): %w", pid, pidFile, err)
 	}
-	// The guest OS process ends by itself once its hypervisor is gone.
-	for _, p := range []int{pid, osPID} {
-		gone := func() (bool, error) { return !isProcessAlive(p), nil }
+	// The guest OS process ends by itself once its hypervisor is gone. Under NoReapEnv the killed
+	// hypervisor stays a zombie until its shim lets go.
+	return waitGone(pidFile, pid, osPID)
+}
+
+func waitGone(pidFile string, pids ...int) error {
+	for _, p := range pids {
+		gone := func() (bool, error) {
+			if held, err := guest.ReleaseZombie(p); held || err != nil {
+				return false, err
+			}
+			return !isProcessAlive(p), nil
+		}
 		if err := waitFor(context.Background(), killWaitTimeout, 10*time.Millisecond, gone); err != nil {
 			return fmt.Errorf("guest %d (%s) still alive after SIGKILL: %w", p, pidFile, err)
 		}

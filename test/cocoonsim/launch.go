@@ -99,7 +99,7 @@ func (b *backend) launch(ctx context.Context, rec *vmRecord, args []string) (int
 	} else {
 		defer logFile.Close() //nolint:errcheck
 	}
-	pid, err := launchInVMNetns(rec.NetworkConfigs, guest.LaunchOptions{Binary: b.conf.CHBinary, Args: args, Log: logFile, VMName: rec.Config.Name})
+	pid, err := launchInVMNetns(rec.NetworkConfigs, guest.LaunchOptions{Binary: b.conf.CHBinary, Args: args, Log: logFile, VMName: rec.Config.Name, PIDFile: b.pidFilePath(rec.RunDir)})
 	if err != nil {
 		return 0, err
 	}

@@ -60,3 +60,7 @@ type app struct {
 
 // VersionEnv selects the cocoon release the simulator plays ("0.3.8" or "0.5.1"; default 0.5.1).
 const VersionEnv = release.Env
+
+// NoReapEnv, set to any value, plays a host whose init does not reap orphans: a hypervisor that
+// exits stays a zombie until its VM is stopped or removed.
+const NoReapEnv = guest.NoReapEnv

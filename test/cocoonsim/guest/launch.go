@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"strconv"
 	"strings"
 	"syscall"
@@ -20,12 +21,14 @@ import (
 const (
 	roleEnv     = "_COCOON_SIM_GUEST"
 	nameEnv     = "_COCOON_SIM_VM_NAME"
+	pidFileEnv  = "_COCOON_SIM_PID_FILE"
 	roleShim    = "shim"
 	roleVMM     = "vmm"
 	roleGuestOS = "os"
 	pidWaitOf   = 5 * time.Second
 	// guestOSArgv0 names the guest OS process in ps and /proc/PID/cmdline.
 	guestOSArgv0 = "cocoon-sim-guest-os"
+	shimArgv0    = "cocoon-sim-shim"
 )
 
 // LaunchOptions describes one hypervisor process.
@@ -39,7 +42,15 @@ type LaunchOptions struct {
 	Log *os.File
 	// VMName is the name the guest announces on its console.
 	VMName string
+	// PIDFile is where cocoon records the hypervisor's PID. Under NoReapEnv the shim keeps an
+	// exited hypervisor unreaped for as long as this file exists.
+	PIDFile string
 }
+
+// NoReapEnv, set to any value, makes the simulator's host behave like one whose init does not reap
+// orphans: a hypervisor that exits stays a zombie (kill(pid, 0) still succeeds) until cocoon
+// removes its PID file at vm stop or vm rm. The shim holding the zombie lets it go on SIGTERM.
+const NoReapEnv = "COCOON_SIM_NO_REAP"
 
 // Launch starts a hypervisor process that outlives the caller and returns its PID.
 //
@@ -60,8 +71,8 @@ func Launch(opts LaunchOptions) (int, error) {
 
 	shim := &exec.Cmd{
 		Path:        self,
-		Args:        append([]string{"cocoon-sim-shim", opts.Binary}, opts.Args...),
-		Env:         append(os.Environ(), roleEnv+"="+roleShim, nameEnv+"="+opts.VMName),
+		Args:        append([]string{shimArgv0, opts.Binary}, opts.Args...),
+		Env:         append(os.Environ(), roleEnv+"="+roleShim, nameEnv+"="+opts.VMName, pidFileEnv+"="+opts.PIDFile),
 		ExtraFiles:  []*os.File{pidW},
 		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
 	}
@@ -111,6 +122,12 @@ func Main() (handled bool, exitCode int) {
 // As a child subreaper it also reaps what the hypervisor leaves behind (the guest OS process,
 // which ends on its own once the hypervisor is gone), and exits when nothing is left.
 func runShim(argv []string) int {
+	noReap := os.Getenv(NoReapEnv) != ""
+	// Registered before the hypervisor starts, so a SIGTERM never finds the shim unprepared.
+	release := make(chan os.Signal, 1)
+	if noReap {
+		signal.Notify(release, syscall.SIGTERM)
+	}
 	// fd 3 is the pid pipe; keep it out of the hypervisor so only the shim holds it.
 	syscall.CloseOnExec(3)
 	report := os.NewFile(3, "pid-pipe")
@@ -140,10 +157,40 @@ func runShim(argv []string) int {
 	}
 	fmt.Fprintf(report, "%d\n", vmm.Process.Pid) //nolint:errcheck
 	_ = report.Close()
+	if noReap {
+		holdZombie(vmm.Process.Pid, os.Getenv(pidFileEnv), release)
+	}
 	_ = vmm.Wait()
 	reapOrphans()
 	return 0
 }
+
+// holdZombie waits for the hypervisor to exit without reaping it, then keeps it a zombie until its
+// PID file is gone or release fires.
+func holdZombie(pid int, pidFile string, release <-chan os.Signal) {
+	var info unix.Siginfo
+	for {
+		err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
+		if !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
+	tick := time.NewTicker(zombiePoll)
+	defer tick.Stop()
+	for {
+		if _, err := os.Stat(pidFile); pidFile == "" || errors.Is(err, os.ErrNotExist) {
+			return
+		}
+		select {
+		case <-release:
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// zombiePoll is how often a held zombie's PID file is looked at.
+const zombiePoll = 100 * time.Millisecond
 
 // reapOrphans waits for every remaining descendant the kernel hands the subreaper.
 func reapOrphans() {
@@ -153,4 +200,37 @@ func reapOrphans() {
 			return
 		}
 	}
+}
+
+// ReleaseZombie lets go of pid if it is an exited hypervisor a shim holds under NoReapEnv: it
+// signals the shim, which reaps it. It reports whether pid was such a zombie.
+func ReleaseZombie(pid int) (bool, error) {
+	state, ppid, err := procStat(pid)
+	if err != nil || state != 'Z' {
+		return false, nil //nolint:nilerr // gone or not a zombie: nothing to release
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", ppid))
+	if err != nil || !strings.HasPrefix(string(cmdline), shimArgv0+"\x00") {
+		return false, nil //nolint:nilerr // not held by one of our shims
+	}
+	if err := syscall.Kill(ppid, syscall.SIGTERM); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return true, fmt.Errorf("release zombie %d from shim %d: %w", pid, ppid, err)
+	}
+	return true, nil
+}
+
+// procStat reads a process's state letter and parent PID from /proc/PID/stat. The command name
+// in parentheses may hold spaces and parentheses itself, so the fields are taken after the last ')'.
+func procStat(pid int) (state byte, ppid int, err error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	i := strings.LastIndexByte(string(data), ')')
+	fields := strings.Fields(string(data[i+1:]))
+	if i < 0 || len(fields) < 2 || len(fields[0]) != 1 {
+		return 0, 0, fmt.Errorf("parse /proc/%d/stat", pid)
+	}
+	ppid, err = strconv.Atoi(fields[1])
+	return fields[0][0], ppid, err
 }
