@@ -106,17 +106,14 @@ func (s *Server) makeVM(ctx context.Context, cc *cocoon.Client, c *store.Contain
 		opts := cocoon.CloneOptions{
 			Name: spec.Name, Storage: spec.Storage, NICs: spec.NICs, Network: tapmanager.CocoonNetwork,
 			NoDirectIO: spec.NoDirectIO, OnDemand: spec.OnDemand, Pull: spec.PullBase,
-		}
-		if spec.Backend != cocoon.HypervisorFirecracker {
-			// Firecracker cannot resize a restored VM and refuses the flags; the plan kept its size.
-			opts.CPU, opts.Memory = spec.CPU, spec.Memory
+			CPU: spec.CPU, Memory: spec.Memory,
 		}
 		return cc.VMClone(ctx, spec.Source, opts)
 	}
 	created, err := cc.VMCreate(ctx, spec.Source, cocoon.CreateOptions{
 		Name: spec.Name, CPU: spec.CPU, Memory: spec.Memory, Storage: spec.Storage,
 		NICs: spec.NICs, Network: tapmanager.CocoonNetwork,
-		NoDirectIO: spec.NoDirectIO, Windows: spec.Windows, Firecracker: spec.Backend == cocoon.HypervisorFirecracker,
+		NoDirectIO: spec.NoDirectIO, Windows: spec.Windows,
 	})
 	if err != nil {
 		return nil, err

@@ -4,12 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
+	"github.com/cocoonstack/cocoon-cri/streaming"
 )
 
 // Exit status of a stopped VM. A guest that powered off within the timeout completed; one cocoon
@@ -49,9 +53,14 @@ func (s *Server) StopContainer(ctx context.Context, req *runtimeapi.StopContaine
 const mainExitStopTimeout = 10 * time.Second
 
 // stopVM stops a running container's VM and records it EXITED with the status the stop implies.
-// The caller holds the sandbox lock.
+// A direct-boot guest is first asked to power off through the exec path, within timeout, since
+// cocoon would stop it at once. The caller holds the sandbox lock.
 func (s *Server) stopVM(ctx context.Context, sb *store.Sandbox, c *store.Container, timeout time.Duration) error {
 	start := s.nowFunc()
+	var asked powerOffAnswer
+	if c.VM.DirectBoot && timeout > 0 {
+		asked = s.askGuestPowerOff(ctx, sb, c, timeout)
+	}
 	err := s.powerOff(ctx, sb, c, timeout)
 	took := s.nowFunc().Sub(start)
 	status := exitStatus{reason: reasonCompleted, message: "VM powered off"}
@@ -62,11 +71,53 @@ func (s *Server) stopVM(ctx context.Context, sb *store.Sandbox, c *store.Contain
 		return err
 	case timeout == 0:
 		status = exitStatus{killedExitCode, reasonError, "VM stopped forcibly (timeout 0)"}
+	case c.VM.DirectBoot && asked.poweredOff:
+		status.message = "the guest powered off when asked through exec"
+	case c.VM.DirectBoot:
+		status = exitStatus{killedExitCode, reasonError, fmt.Sprintf("the guest did not power off when asked through exec within %s (%s); "+
+			"cocoon stopped the VM forcibly, as it stops every direct-boot VM", timeout, asked.why)}
 	case took >= timeout:
 		status = exitStatus{killedExitCode, reasonError, fmt.Sprintf("the guest did not power off within %s; cocoon stopped the VM forcibly", timeout)}
 	}
 	s.log.Info("container stopped", "container", c.ID, "vm", c.VM.ID, "exitCode", status.code, "reason", status.reason, "took", took)
 	return s.recordExit(c, status)
+}
+
+// powerOffAnswer is how a guest took a request to power off.
+type powerOffAnswer struct {
+	poweredOff bool
+	why        string // when it did not
+}
+
+// powerOffPoll paces the look for a guest that was asked to power off.
+const powerOffPoll = 50 * time.Millisecond
+
+// askGuestPowerOff runs poweroff in the guest and waits, within timeout, for its hypervisor to
+// end. The command's own result says little: a guest that goes down may cut the session first.
+func (s *Server) askGuestPowerOff(ctx context.Context, sb *store.Sandbox, c *store.Container, timeout time.Duration) powerOffAnswer {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if !s.hasExecPath(ctx) {
+		return powerOffAnswer{why: "no way to run commands in guests"}
+	}
+	code, err := s.guestExec(ctx, sb, c, []string{"poweroff"}, streaming.ExecIO{Stdout: io.Discard, Stderr: io.Discard})
+	switch {
+	case err == nil && code != 0:
+		return powerOffAnswer{why: fmt.Sprintf("poweroff exited %d", code)}
+	case status.Code(err) == codes.FailedPrecondition:
+		return powerOffAnswer{why: err.Error()}
+	}
+	for processAlive(c.VM.PID) {
+		select {
+		case <-ctx.Done():
+			if err != nil {
+				return powerOffAnswer{why: err.Error()}
+			}
+			return powerOffAnswer{why: "it was still running at the deadline"}
+		case <-time.After(powerOffPoll):
+		}
+	}
+	return powerOffAnswer{poweredOff: true}
 }
 
 // powerOff stops the VM and takes the pod interface back from it. A VM cocoon no longer has is

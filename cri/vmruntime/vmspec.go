@@ -33,9 +33,9 @@ func (s *Server) planVM(id string, cfg *runtimeapi.ContainerConfig, sb *store.Sa
 		if snap == nil {
 			return vm, fmt.Errorf("image %s has no snapshot description; re-import it", img.ID)
 		}
-		if sb.VM.Backend != "" && sb.VM.Backend != snap.Hypervisor {
-			return vm, invalid("image %s is a %s snapshot but annotation %s asks for %s: a snapshot can only be cloned on the hypervisor that took it",
-				img.RepoTags, snap.Hypervisor, AnnotationBackend, sb.VM.Backend)
+		if snap.Hypervisor != cocoon.HypervisorCloudHypervisor {
+			return vm, invalid("image %s is a snapshot taken under %s; %s: use a snapshot taken under %s",
+				img.RepoTags, snap.Hypervisor, firecrackerUnsupported, cocoon.HypervisorCloudHypervisor)
 		}
 		if snap.NICs > 1 {
 			return vm, invalid("image %s is a snapshot of a VM with %d NICs; a pod has one network interface, so its VM must have one NIC",
@@ -48,14 +48,12 @@ func (s *Server) planVM(id string, cfg *runtimeapi.ContainerConfig, sb *store.Sa
 		}
 		vm.CPU, vm.Memory, vm.Storage = snap.CPU, snap.Memory, snap.Storage
 		vm.Windows = snap.Windows
+		vm.DirectBoot = snap.ImageType != cocoon.ImageTypeCloudImg
 		vm.PullBase = snap.BaseImage != ""
-		if snap.Hypervisor == cocoon.HypervisorCloudHypervisor {
-			if cloneResizes {
-				// Firecracker cannot resize a restored VM; cloud-hypervisor can grow it.
-				vm.CPU, vm.Memory = max(vm.CPU, cpus), max(vm.Memory, memory)
-			}
-			vm.OnDemand = true
+		if cloneResizes {
+			vm.CPU, vm.Memory = max(vm.CPU, cpus), max(vm.Memory, memory)
 		}
+		vm.OnDemand = true
 		switch {
 		case cloneResizes:
 			vm.Storage = max(vm.Storage, sb.VM.Storage)
@@ -67,15 +65,9 @@ func (s *Server) planVM(id string, cfg *runtimeapi.ContainerConfig, sb *store.Sa
 	case store.ImageCloud, store.ImageOCI:
 		vm.Mode = store.VMBoot
 		vm.NICs = 1
-		vm.Backend = sb.VM.Backend
-		if vm.Backend == "" {
-			vm.Backend = cocoon.HypervisorCloudHypervisor
-		}
-		if img.Kind == store.ImageCloud && vm.Backend == cocoon.HypervisorFirecracker {
-			return vm, invalid("image %s is a cloud image, which boots with UEFI; Firecracker only boots OCI VM images: drop annotation %s=%s",
-				img.RepoTags, AnnotationBackend, vm.Backend)
-		}
+		vm.Backend = cocoon.HypervisorCloudHypervisor
 		vm.Windows = sb.VM.Windows
+		vm.DirectBoot = img.Kind == store.ImageOCI
 		if img.Kind == store.ImageOCI && vm.Windows {
 			return vm, invalid("image %s is an OCI VM image (direct kernel boot); Windows guests need a cloud image: drop annotation %s=windows",
 				img.RepoTags, AnnotationOS)

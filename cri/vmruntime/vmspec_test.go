@@ -121,18 +121,6 @@ func TestCloneWithoutResizeRunsAtTheSnapshotSize(t *testing.T) {
 	}
 }
 
-func TestFirecrackerCloneKeepsTheSnapshotSize(t *testing.T) {
-	s := testServer()
-	big := &runtimeapi.LinuxContainerResources{CpuQuota: 300000, CpuPeriod: 100000, MemoryLimitInBytes: 4 << 30}
-	vm, err := s.planVM(id64, container(big), podSandbox(nil), fcSnapshot, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if vm.Backend != cocoon.HypervisorFirecracker || vm.CPU != 1 || vm.Memory != 1<<30 || vm.OnDemand {
-		t.Fatalf("got %+v", vm)
-	}
-}
-
 func TestPlanRefusesWhatCocoonCannotDo(t *testing.T) {
 	s := testServer()
 	cases := []struct {
@@ -141,8 +129,7 @@ func TestPlanRefusesWhatCocoonCannotDo(t *testing.T) {
 		img      *store.Image
 		want     string
 	}{
-		{"snapshot on the other hypervisor", map[string]string{AnnotationBackend: "firecracker"}, chSnapshot, "only be cloned on the hypervisor"},
-		{"cloud image on firecracker", map[string]string{AnnotationBackend: "firecracker"}, cloudImage, "Firecracker only boots OCI"},
+		{"firecracker snapshot", nil, fcSnapshot, "snapshot taken under firecracker; cocoon-cri does not run Firecracker VMs yet"},
 		{"windows OCI image", map[string]string{AnnotationOS: "windows"}, &store.Image{ID: "sha256:o", Kind: store.ImageOCI}, "Windows guests need a cloud image"},
 	}
 	for _, tc := range cases {
@@ -168,17 +155,20 @@ func TestParseVMOptions(t *testing.T) {
 		t.Fatalf("got %+v, want %+v", opts, want)
 	}
 	for name, bad := range map[string]map[string]string{
-		"backend":        {AnnotationBackend: "qemu"},
-		"no-direct-io":   {AnnotationNoDirectIO: "yes"},
-		"storage":        {AnnotationStorage: "lots"},
-		"storage min":    {AnnotationStorage: "5Gi"},
-		"os":             {AnnotationOS: "plan9"},
-		"network empty":  {AnnotationNetwork: " "},
-		"fc and windows": {AnnotationBackend: "firecracker", AnnotationOS: "windows"},
+		"backend":       {AnnotationBackend: "qemu"},
+		"no-direct-io":  {AnnotationNoDirectIO: "yes"},
+		"storage":       {AnnotationStorage: "lots"},
+		"storage min":   {AnnotationStorage: "5Gi"},
+		"os":            {AnnotationOS: "plan9"},
+		"network empty": {AnnotationNetwork: " "},
 	} {
 		if _, err := parseVMOptions(bad); err == nil {
 			t.Errorf("%s: %v accepted", name, bad)
 		}
+	}
+	_, err = parseVMOptions(map[string]string{AnnotationBackend: "firecracker"})
+	if err == nil || !strings.Contains(err.Error(), "does not run Firecracker VMs yet") || !strings.Contains(err.Error(), "drop the annotation") {
+		t.Errorf("the firecracker backend: %v, want a refusal saying what to do", err)
 	}
 }
 
@@ -204,3 +194,28 @@ func TestVMNames(t *testing.T) {
 
 // vmNamePattern is cocoon's rule for VM names.
 var vmNamePattern = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$`)
+
+// TestPlanKnowsDirectBoot: VMs that boot their kernel directly (OCI VM images and snapshots of
+// them) are marked, since cocoon stops them without a power button; UEFI guests are not.
+func TestPlanKnowsDirectBoot(t *testing.T) {
+	s := testServer()
+	cloudSnapshot := &store.Image{ID: "sha256:u", Kind: store.ImageSnapshot, LocalName: "cri-sha256-u",
+		Snapshot: &store.SnapshotInfo{CPU: 1, Memory: 1 << 30, Storage: 10 << 30, Hypervisor: cocoon.HypervisorCloudHypervisor, ImageType: cocoon.ImageTypeCloudImg}}
+	for _, tc := range []struct {
+		img  *store.Image
+		want bool
+	}{
+		{chSnapshot, true},
+		{cloudSnapshot, false},
+		{cloudImage, false},
+		{&store.Image{ID: "sha256:o", Kind: store.ImageOCI, LocalName: "cri-sha256-o"}, true},
+	} {
+		vm, err := s.planVM(id64, container(nil), podSandbox(nil), tc.img, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if vm.DirectBoot != tc.want {
+			t.Errorf("image %s (%s): DirectBoot %v, want %v", tc.img.ID, tc.img.Kind, vm.DirectBoot, tc.want)
+		}
+	}
+}

@@ -11,16 +11,15 @@ import (
 // CreateOptions are the flags of vm create and vm run. Every field is passed explicitly, so zero
 // means zero (NICs 0 = no network), not cocoon's default.
 type CreateOptions struct {
-	Name        string
-	CPU         int
-	Memory      int64 // bytes
-	Storage     int64 // COW disk bytes
-	NICs        int
-	Network     string // CNI conflist name; empty = cocoon's default
-	Bridge      string // TAP on this host bridge instead of CNI
-	NoDirectIO  bool
-	Windows     bool
-	Firecracker bool
+	Name       string
+	CPU        int
+	Memory     int64 // bytes
+	Storage    int64 // COW disk bytes
+	NICs       int
+	Network    string // CNI conflist name; empty = cocoon's default
+	Bridge     string // TAP on this host bridge instead of CNI
+	NoDirectIO bool
+	Windows    bool
 }
 
 func (o CreateOptions) args() []string {
@@ -33,7 +32,6 @@ func (o CreateOptions) args() []string {
 	args = appendIf(args, o.Bridge != "", "--bridge", o.Bridge)
 	args = appendIf(args, o.NoDirectIO, "--no-direct-io")
 	args = appendIf(args, o.Windows, "--windows")
-	args = appendIf(args, o.Firecracker, "--fc")
 	return args
 }
 

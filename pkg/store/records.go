@@ -151,6 +151,10 @@ type VM struct {
 	Network    string `json:"network,omitempty"`
 	// NICs is the --nics to give cocoon; 0 keeps a snapshot's count.
 	NICs int `json:"nics,omitempty"`
+	// DirectBoot: the guest boots its kernel directly (an OCI VM image, or a snapshot of a VM that
+	// did). cocoon's vm stop presses no power button for such a VM: it stops it at once, whatever
+	// the timeout, so a graceful stop must ask the guest itself.
+	DirectBoot bool `json:"direct_boot,omitempty"`
 	// OnDemand marks a clone that reads its memory lazily from the source snapshot, which must stay
 	// on disk while the VM exists.
 	OnDemand bool `json:"on_demand,omitempty"`

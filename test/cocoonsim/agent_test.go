@@ -1,6 +1,7 @@
 package cocoonsim_test
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -8,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/test/cocoonsim"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
 )
@@ -109,4 +111,84 @@ func TestV05ListsReconcile(t *testing.T) {
 		t.Fatalf("one-shot vm status: %+v", list)
 	}
 	s.fails("--event and --watch are mutually exclusive", "vm", "status", "--event", "--watch")
+}
+
+// TestNoReapKeepsZombies: on a host whose init does not reap, a killed hypervisor stays a zombie
+// and cocoon, whose liveness check is kill(pid, 0), still calls its VM running in inspect and in
+// both releases' lists. vm stop then succeeds and the zombie goes with the PID file.
+func TestNoReapKeepsZombies(t *testing.T) {
+	for _, version := range []string{"0.3.8", "0.5.1"} {
+		t.Run(version, func(t *testing.T) {
+			s := newSimAt(t, version)
+			s.env = append(s.env, cocoonsim.NoReapEnv+"=1")
+			s.importSnapshot(testimage.SnapshotOptions{Name: "base"})
+			vm := s.clone("base", "dies")
+			if err := syscall.Kill(vm.PID, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "killed hypervisor to become a zombie", func() bool { return procState(vm.PID) == "Z" })
+			if got := s.inspect("dies").State; got != cocoon.VMStateRunning {
+				t.Fatalf("vm inspect of a zombie hypervisor: %q, want running (kill(pid, 0) succeeds)", got)
+			}
+			if list := s.listVMs(); len(list) != 1 || list[0].State != cocoon.VMStateRunning {
+				t.Fatalf("vm list of a zombie hypervisor: %+v, want one running VM", list)
+			}
+			s.ok("vm", "stop", "dies")
+			if got := s.inspect("dies").State; got != cocoon.VMStateStopped {
+				t.Fatalf("after vm stop: %q, want stopped", got)
+			}
+			eventually(t, "the zombie to be reaped once its PID file is gone", func() bool { return !processAlive(vm.PID) })
+		})
+	}
+}
+
+// TestKillGuestsReleasesZombies: the harness's cleanup also ends a hypervisor held as a zombie.
+func TestKillGuestsReleasesZombies(t *testing.T) {
+	s := newSim(t)
+	s.env = append(s.env, cocoonsim.NoReapEnv+"=1")
+	s.importSnapshot(testimage.SnapshotOptions{Name: "base"})
+	vm := s.clone("base", "held")
+	if err := syscall.Kill(vm.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "killed hypervisor to become a zombie", func() bool { return procState(vm.PID) == "Z" })
+	if err := cocoonsim.KillGuests(s.run); err != nil {
+		t.Fatal(err)
+	}
+	if processAlive(vm.PID) {
+		t.Fatalf("hypervisor %d is still there after KillGuests", vm.PID)
+	}
+}
+
+// procState is the state letter of /proc/PID/stat ("" once the process is gone).
+func procState(pid int) string {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return ""
+	}
+	i := strings.LastIndexByte(string(data), ')')
+	fields := strings.Fields(string(data[i+1:]))
+	if i < 0 || len(fields) == 0 {
+		return ""
+	}
+	return fields[0]
+}
+
+// TestGuestPoweroff: poweroff run in a guest shuts it down as its init would: the command
+// answers 0, the hypervisor exits, cocoon calls the VM stale until vm stop records it stopped.
+func TestGuestPoweroff(t *testing.T) {
+	s := newSimAt(t, "0.5.1")
+	s.importSnapshot(testimage.SnapshotOptions{Name: "base"})
+	vm := s.clone("base", "down")
+	if r := s.cocoon("vm", "exec", "down", "--", "poweroff"); r.code != 0 {
+		t.Fatalf("vm exec poweroff: exit %d, stderr %s", r.code, r.stderr)
+	}
+	eventually(t, "the hypervisor to exit after poweroff", func() bool { return !processAlive(vm.PID) })
+	if got := s.inspect("down").State; got != cocoon.VMStateStale {
+		t.Fatalf("after the guest powered off: %q, want %q", got, cocoon.VMStateStale)
+	}
+	s.ok("vm", "stop", "down")
+	if got := s.inspect("down").State; got != cocoon.VMStateStopped {
+		t.Fatalf("after vm stop: %q, want stopped", got)
+	}
 }

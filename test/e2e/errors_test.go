@@ -79,6 +79,8 @@ func TestBadInputsAreRefusedAndChangeNothing(t *testing.T) {
 		{"the default handler when not served", "InvalidArgument", []string{"runp", variant("default", func(*runtimeapi.PodSandboxConfig) {})}, "runtimeClassName"},
 		{"a malformed backend annotation", "InvalidArgument", []string{"runp", "--runtime", "cocoon",
 			variant("badbackend", withAnnotation("vm.cocoonstack.io/backend", "qemu"))}, "vm.cocoonstack.io/backend"},
+		{"the firecracker backend, not run yet", "InvalidArgument", []string{"runp", "--runtime", "cocoon",
+			variant("fcbackend", withAnnotation("vm.cocoonstack.io/backend", "firecracker"))}, "does not run Firecracker VMs yet"},
 		{"a malformed storage annotation", "InvalidArgument", []string{"runp", "--runtime", "cocoon",
 			variant("badstorage", withAnnotation("cocoonset.cocoonstack.io/storage", "huge"))}, "cocoonset.cocoonstack.io/storage"},
 		{"a malformed no-direct-io annotation", "InvalidArgument", []string{"runp", "--runtime", "cocoon",

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"sync"
 	"syscall"
 )
@@ -48,6 +49,13 @@ func (a *agent) serve(conn net.Conn) {
 	if err != nil {
 		_ = out.send(frameError, []byte(err.Error()))
 		return
+	}
+	if filepath.Base(req.Argv[0]) == "poweroff" {
+		// The guest's init takes the request: the command answers, then the whole guest goes down
+		// with its init, and the hypervisor sees a guest that powered off.
+		_ = out.sendExit(0)
+		_ = conn.Close()
+		os.Exit(0)
 	}
 	s, err := a.start(req)
 	if err != nil {

@@ -38,7 +38,7 @@ func (v *vmm) startSimulatedGuest(netState guestNetwork, nics []*nic) (guestOS, 
 	if err != nil {
 		return nil, err
 	}
-	s, err := startSimulatedOS(v.logger, v.name, plan, netState)
+	s, err := startSimulatedOS(v.logger, v.name, plan, netState, func() { v.powerOff("the guest shut down") })
 	if err != nil {
 		return nil, err
 	}

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -44,7 +45,8 @@ type simulatedOS struct {
 	netState guestNetwork
 	proc     *exec.Cmd
 	exited   chan struct{}
-	lifeline *os.File // write end; closing it ends the guest
+	stopping atomic.Bool // the hypervisor is ending the guest, which is then no shutdown of its own
+	lifeline *os.File    // write end; closing it ends the guest
 	vsock    *net.UnixConn
 	guestNS  netns.NsHandle
 	relayNS  netns.NsHandle
@@ -54,8 +56,8 @@ type simulatedOS struct {
 }
 
 // startSimulatedOS starts the guest OS process as plan says, with the network state netState,
-// and waits until it listens. It has no NIC yet.
-func startSimulatedOS(logger *log.Logger, vmName string, plan osPlan, netState guestNetwork) (_ *simulatedOS, err error) {
+// and waits until it listens. It has no NIC yet. onShutdown runs if the guest powers itself off.
+func startSimulatedOS(logger *log.Logger, vmName string, plan osPlan, netState guestNetwork, onShutdown func()) (_ *simulatedOS, err error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("find own executable: %w", err)
@@ -107,6 +109,9 @@ func startSimulatedOS(logger *log.Logger, vmName string, plan osPlan, netState g
 	go func() {
 		_ = proc.Wait()
 		close(s.exited)
+		if !s.stopping.Load() && poweredOff(proc.ProcessState) {
+			onShutdown()
+		}
 	}()
 	defer func() {
 		if err != nil {
@@ -208,6 +213,7 @@ func (s *simulatedOS) stop() {
 		delete(s.links, id)
 	}
 	s.mu.Unlock()
+	s.stopping.Store(true)
 	_ = s.lifeline.Close()
 	_ = s.proc.Process.Kill()
 	<-s.exited
@@ -218,6 +224,14 @@ func (s *simulatedOS) stop() {
 	if s.relayNS.IsOpen() {
 		_ = s.relayNS.Close()
 	}
+}
+
+// poweredOff reports whether the guest's init ended as a guest that shuts itself down: with 0 (the
+// simulated poweroff), or killed by SIGHUP, which is how the kernel ends a PID namespace whose
+// process called reboot(2) to power off.
+func poweredOff(st *os.ProcessState) bool {
+	ws, ok := st.Sys().(syscall.WaitStatus)
+	return st.ExitCode() == 0 || (ok && ws.Signaled() && ws.Signal() == syscall.SIGHUP)
 }
 
 // disableIPv6 keeps the interfaces created later in the current network namespace from
