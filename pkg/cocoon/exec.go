@@ -67,8 +67,10 @@ func (c *Client) VMExec(ctx context.Context, id string, argv []string, o ExecOpt
 	// them apart.
 	tail := &syncio.Tail{Max: 4 << 10}
 	stderr := io.Writer(tail)
+	var userStderr *cocoonErrorFilter
 	if o.Stderr != nil {
-		stderr = io.MultiWriter(o.Stderr, tail)
+		userStderr = &cocoonErrorFilter{w: o.Stderr}
+		stderr = io.MultiWriter(userStderr, tail)
 	}
 	streams := syncio.Serialize(o.Stdout, stderr)
 	cmd.Stdout, cmd.Stderr = streams[0], streams[1]
@@ -83,6 +85,10 @@ func (c *Client) VMExec(ctx context.Context, id string, argv []string, o ExecOpt
 			}()
 		}
 		err = cmd.Wait()
+	}
+	if userStderr != nil {
+		// Wait has copied everything; what the filter held back is decided now.
+		_ = userStderr.Close()
 	}
 	if c.opts.Observe != nil {
 		c.opts.Observe("vm exec", time.Since(start), err)

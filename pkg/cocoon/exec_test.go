@@ -55,8 +55,12 @@ func TestVMExecPassesTheCommandsExitCodeOn(t *testing.T) {
 	if code, err = c.VMExec(ctx, "VMID", []string{"says-error"}, ExecOptions{}); err != nil || code != 1 {
 		t.Fatalf("a command printing Error: was taken for cocoon failing: %d %v", code, err)
 	}
-	if _, err = c.VMExec(ctx, "VMID", []string{"early"}, ExecOptions{}); !errors.Is(err, ErrAgentStarting) {
+	errOut.Reset()
+	if _, err = c.VMExec(ctx, "VMID", []string{"early"}, ExecOptions{Stderr: &errOut}); !errors.Is(err, ErrAgentStarting) {
 		t.Fatalf("agent not up: %v", err)
+	}
+	if strings.Contains(errOut.String(), "Error: exec") {
+		t.Fatalf("cocoon's own failure reached the command's stderr: %q", errOut.String())
 	}
 	if _, err = c.VMExec(ctx, "VMID", []string{"old-vm"}, ExecOptions{}); !errors.Is(err, ErrNoVsock) {
 		t.Fatalf("a VM without vsock: %v", err)
