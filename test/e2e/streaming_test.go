@@ -138,9 +138,17 @@ func TestExecSyncAPI(t *testing.T) {
 var timestamped = regexp.MustCompile(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+Z `)
 
 // TestConsoleIsTheLogAndAttachReachesIt: a container whose VM's init is the workload logs its
-// console; attach sees the console and types into it; crictl logs' options work.
+// console; attach sees the console and types into it; crictl logs' options work. On both cocoon
+// releases, whose VMs' console is found through the hypervisor's API.
 func TestConsoleIsTheLogAndAttachReachesIt(t *testing.T) {
-	n := newNode(t)
+	for _, version := range []string{"0.3.8", "0.5.1"} {
+		t.Run(version, func(t *testing.T) {
+			checkConsole(t, newNodeWithEnv(t, []string{cocoonsim.VersionEnv + "=" + version}))
+		})
+	}
+}
+
+func checkConsole(t *testing.T, n *node) {
 	n.withSnapshot()
 	_, ctrID, _ := n.runningPod("web", snapRef)
 	vmName, _ := field(n.inspect("inspect", ctrID), "info", "vm", "name").(string)
@@ -172,7 +180,6 @@ func TestConsoleIsTheLogAndAttachReachesIt(t *testing.T) {
 	}
 }
 
-// waitLog waits until the container's log holds want.
 // waitLog waits for the container's log to show want. A stream given as ended fails the wait at
 // once: what it printed says why.
 func (n *node) waitLog(ctrID, want string, ended ...<-chan streamResult) {
