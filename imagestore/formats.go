@@ -11,7 +11,7 @@ import (
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
 )
 
-// epoch's artifact formats (reference/cocoon-contract.md section 4): a manifest's artifactType
+// epoch's artifact formats (docs/cocoon-contract.md section 4): a manifest's artifactType
 // says what it carries.
 const (
 	artifactTypeSnapshot = "application/vnd.cocoonstack.snapshot.v1+json"

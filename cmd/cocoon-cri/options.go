@@ -15,7 +15,7 @@ import (
 	"github.com/cocoonstack/cocoon-cri/pkg/config"
 )
 
-// cocoon's own defaults for its directories (reference/cocoon-contract.md section 1.2): used when
+// cocoon's own defaults for its directories (docs/cocoon-contract.md section 1.2): used when
 // cocoon-cri is not told otherwise, to measure image and container disk usage.
 const (
 	cocoonDefaultRootDir = "/var/lib/cocoon"

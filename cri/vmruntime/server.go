@@ -84,7 +84,7 @@ type Observer interface {
 	WatcherRestarted()
 }
 
-// Cocoon's own limits (reference/cocoon-contract.md section 1.1).
+// Cocoon's own limits (docs/cocoon-contract.md section 1.1).
 const (
 	MinMemory  int64 = 512 << 20
 	MinStorage int64 = 10 << 30

@@ -1,5 +1,5 @@
 // Package cocoon runs the cocoon CLI. It is the only place that knows cocoon's command lines, output
-// formats and quirks (reference/cocoon-contract.md): every call is an argv with a timeout, stdout
+// formats and quirks (docs/cocoon-contract.md): every call is an argv with a timeout, stdout
 // and stderr are kept apart, "No ... found." means an empty list, and failures come back as
 // *CommandError values that callers test with errors.Is against ErrNotFound, ErrAlreadyExists,
 // ErrInUse, ErrInvalid and ErrUnsupported.

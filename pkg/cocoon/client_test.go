@@ -12,7 +12,7 @@ import (
 	"time"
 )
 
-// The outputs below are written from reference/cocoon-contract.md (sections 1.1-1.7, 6): what
+// The outputs below are written from docs/cocoon-contract.md (sections 1.1-1.8): what
 // cocoon v0.3.8 prints on stdout, its zerolog console lines with ANSI colours on stderr, and the
 // cobra "Error: " line with exit code 1.
 

@@ -86,8 +86,8 @@ func errorMessage(stderr string) string {
 	return last
 }
 
-// The substrings are cocoon v0.3.8's own messages (reference/cocoon-contract.md sections 1.5-1.7
-// and 6). Order matters: the first match wins.
+// The substrings are cocoon's own messages, worded alike by v0.3.8 and v0.5
+// (docs/cocoon-contract.md section 1.8). Order matters: the first match wins.
 var errorPatterns = []struct {
 	substr string
 	kind   error

@@ -2,7 +2,7 @@ package cocoon
 
 import "time"
 
-// The JSON shapes cocoon v0.3.8 prints (reference/cocoon-contract.md section 1.3). They are shared
+// The JSON shapes cocoon prints (docs/cocoon-contract.md section 1.3). They are shared
 // by the client and by the test simulator, so both read and write exactly one transcript of the
 // contract.
 

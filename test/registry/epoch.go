@@ -8,7 +8,7 @@ import (
 )
 
 // epoch's artifact formats, written down here independently of cocoon-cri's reader
-// (reference/cocoon-contract.md section 4; epoch's manifest/media.go and manifest/types.go), so
+// (docs/cocoon-contract.md section 4; epoch's manifest/media.go and manifest/types.go), so
 // that a test compares two readings of the contract rather than one with itself.
 const (
 	artifactTypeSnapshot = "application/vnd.cocoonstack.snapshot.v1+json"
