@@ -1,11 +1,14 @@
 package vmruntime
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"path"
 	"path/filepath"
+	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -134,6 +137,19 @@ func validateContainerConfig(cfg *runtimeapi.ContainerConfig) error {
 	}
 	if cfg.GetImage().GetImage() == "" {
 		return invalid("image is required")
+	}
+	// The environment and working directory travel to the guest as command-line arguments, which
+	// cannot hold a NUL byte.
+	for _, kv := range cfg.GetEnvs() {
+		if kv.GetKey() == "" || strings.ContainsAny(kv.GetKey(), "=\x00") {
+			return invalid("envs: %q is not an environment variable name (non-empty, without '=' or NUL)", kv.GetKey())
+		}
+		if bytes.IndexByte(kv.GetValue(), 0) >= 0 {
+			return invalid("envs: the value of %s holds a NUL byte, which no process environment can", kv.GetKey())
+		}
+	}
+	if dir := cfg.GetWorkingDir(); dir != "" && (!path.IsAbs(dir) || strings.IndexByte(dir, 0) >= 0) {
+		return invalid("working_dir %q must be an absolute path in the guest", dir)
 	}
 	return nil
 }

@@ -79,7 +79,7 @@ func (s *Server) runGuest(ctx context.Context, sb *store.Sandbox, c *store.Conta
 	close(cio.setUp)
 	if cio.main != nil {
 		code, err := cio.main.run(func(stdio streaming.ExecIO) (int, error) {
-			return s.guestExec(ctx, sb, c, cio.main.argv, stdio)
+			return s.guestExec(ctx, sb, c, containerCommand(c.Config.Msg, cio.main.argv), stdio)
 		})
 		s.mainExited(ctx, sb.ID, c.ID, code, err)
 	}

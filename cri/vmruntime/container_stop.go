@@ -100,7 +100,7 @@ func (s *Server) askGuestPowerOff(ctx context.Context, sb *store.Sandbox, c *sto
 	if !s.hasExecPath(ctx) {
 		return powerOffAnswer{why: "no way to run commands in guests"}
 	}
-	code, err := s.guestExec(ctx, sb, c, []string{"poweroff"}, streaming.ExecIO{Stdout: io.Discard, Stderr: io.Discard})
+	code, err := s.guestExec(ctx, sb, c, systemCommand("poweroff"), streaming.ExecIO{Stdout: io.Discard, Stderr: io.Discard})
 	switch {
 	case err == nil && code != 0:
 		return powerOffAnswer{why: fmt.Sprintf("poweroff exited %d", code)}

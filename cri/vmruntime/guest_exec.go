@@ -5,14 +5,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
+	"regexp"
+	"slices"
 	"strconv"
 	"time"
 
 	"golang.org/x/crypto/ssh"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
@@ -68,12 +72,102 @@ func (s *Server) ExecPath(ctx context.Context) string {
 // hasExecPath reports whether commands can be run in guests at all.
 func (s *Server) hasExecPath(ctx context.Context) bool { return s.ExecPath(ctx) != ExecPathNone }
 
-// guestExec runs argv in the container's guest and returns its exit code, by the VM's exec path.
-// A guest found to have no agent falls back to SSH where a login is configured.
-func (s *Server) guestExec(ctx context.Context, sb *store.Sandbox, c *store.Container, argv []string, stdio streaming.ExecIO) (int, error) {
+// guestCommand is a command to run in a guest: argv, with env added to the guest's environment and
+// in dir, where they are set; otherwise the guest's own defaults (its agent's, or the login's).
+type guestCommand struct {
+	argv []string
+	env  map[string]string
+	dir  string
+}
+
+// systemCommand is a command of cocoon-cri's own (guest set-up, poweroff): the container's
+// environment and working directory are not its.
+func systemCommand(argv ...string) guestCommand { return guestCommand{argv: argv} }
+
+// containerCommand is argv as the container's processes run: with its environment (the kubelet's
+// service variables included; a later duplicate wins, as in a process environment built in order)
+// in its working directory.
+func containerCommand(cfg *runtimeapi.ContainerConfig, argv []string) guestCommand {
+	cmd := guestCommand{argv: argv, dir: cfg.GetWorkingDir()}
+	for _, kv := range cfg.GetEnvs() {
+		if cmd.env == nil {
+			cmd.env = map[string]string{}
+		}
+		cmd.env[kv.GetKey()] = string(kv.GetValue())
+	}
+	return cmd
+}
+
+// workDirExitCode is the exit code of a command whose working directory cannot be entered; as for
+// a container runtime that cannot start a process (containerd's StartError), it is 128.
+const workDirExitCode = 128
+
+// inDir is the argv that runs argv in the command's directory, creating it when it is missing, as
+// container runtimes do: neither cocoon's agent nor an SSH session takes a directory.
+func (cmd guestCommand) inDir(argv []string) []string {
+	if cmd.dir == "" {
+		return argv
+	}
+	script := `mkdir -p -- "$0" 2>/dev/null; cd -- "$0" || exit ` + strconv.Itoa(workDirExitCode) + `; exec "$@"`
+	return append([]string{"/bin/sh", "-c", script, cmd.dir}, argv...)
+}
+
+// withEnv is the argv that runs argv with env added to its environment, through env(1). It stands
+// last before the command, after any shell: a POSIX shell passes on only the variables whose names
+// are shell names, and Kubernetes allows others ("a.b", "a-b").
+func withEnv(env map[string]string, argv []string) []string {
+	if len(env) == 0 {
+		return argv
+	}
+	out := []string{"env", "--"}
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		out = append(out, k+"="+env[k])
+	}
+	return append(out, argv...)
+}
+
+// sshArgv is what an SSH session runs. The session takes no environment (sshd refuses what
+// AcceptEnv does not list), so env(1) sets all of it.
+func (cmd guestCommand) sshArgv() []string { return cmd.inDir(withEnv(cmd.env, cmd.argv)) }
+
+// agentArgv is what cocoon's vm exec runs, its --env giving the environment. Where a shell stands
+// between the agent and the command (the working directory's, script(1)'s for a terminal), env(1)
+// restores the variables that shell drops.
+func (cmd guestCommand) agentArgv(tty bool) []string {
+	argv := cmd.argv
+	if cmd.dir != "" || tty {
+		argv = withEnv(notShellNames(cmd.env), argv)
+	}
+	argv = cmd.inDir(argv)
+	if tty {
+		argv = []string{"script", "-qefc", streaming.ShellQuote(argv), "/dev/null"}
+	}
+	return argv
+}
+
+// shellName matches the variable names a POSIX shell keeps in the environment it passes on.
+var shellName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// notShellNames is the part of env that a shell would drop.
+func notShellNames(env map[string]string) map[string]string {
+	var out map[string]string
+	for k, v := range env {
+		if !shellName.MatchString(k) {
+			if out == nil {
+				out = map[string]string{}
+			}
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// guestExec runs a command in the container's guest and returns its exit code, by the VM's exec
+// path. A guest found to have no agent falls back to SSH where a login is configured.
+func (s *Server) guestExec(ctx context.Context, sb *store.Sandbox, c *store.Container, cmd guestCommand, stdio streaming.ExecIO) (int, error) {
 	path, learned := s.guestExecPath(ctx, c)
 	if path == ExecPathAgent {
-		code, err := s.agentExec(ctx, sb, c, argv, stdio)
+		code, err := s.agentExec(ctx, sb, c, cmd, stdio)
 		var none *noAgentError
 		if !errors.As(err, &none) {
 			return code, err
@@ -84,7 +178,7 @@ func (s *Server) guestExec(ctx context.Context, sb *store.Sandbox, c *store.Cont
 	}
 	switch {
 	case path == ExecPathSSH:
-		return s.sshExec(ctx, sb, c, argv, stdio)
+		return s.sshExec(ctx, sb, c, cmd.sshArgv(), stdio)
 	case learned:
 		return -1, noAgentNoSSH(c, "it has no cocoon-agent")
 	}
@@ -145,16 +239,17 @@ func DescribeExecPath(path string) string {
 	return path
 }
 
-// agentExec uses cocoon's vm exec. It has no terminal of its own: a TTY request runs the command
-// under script(1) in the guest, which makes one (the terminal keeps its initial size). A booting
-// guest's agent is waited for until ctx ends, or until the guest-ready timeout after the VM started
-// has passed: then the guest has no agent (a noAgentError), as when cocoon says the VM has no vsock.
-func (s *Server) agentExec(ctx context.Context, sb *store.Sandbox, c *store.Container, argv []string, stdio streaming.ExecIO) (int, error) {
+// agentExec uses cocoon's vm exec, whose --env sets the environment. It has no terminal of its own:
+// a TTY request runs the command under script(1) in the guest, which makes one (the terminal keeps
+// its initial size). A booting guest's agent is waited for until ctx ends, or until the guest-ready
+// timeout after the VM started has passed: then the guest has no agent (a noAgentError), as when
+// cocoon says the VM has no vsock.
+func (s *Server) agentExec(ctx context.Context, sb *store.Sandbox, c *store.Container, cmd guestCommand, stdio streaming.ExecIO) (int, error) {
+	argv := cmd.agentArgv(stdio.TTY)
 	if stdio.TTY {
-		argv = []string{"script", "-qefc", streaming.ShellQuote(argv), "/dev/null"}
 		stdio.Stderr = stdio.Stdout
 	}
-	opts := cocoon.ExecOptions{Stdin: stdio.Stdin, Stdout: stdio.Stdout, Stderr: stdio.Stderr}
+	opts := cocoon.ExecOptions{Env: cmd.env, Stdin: stdio.Stdin, Stdout: stdio.Stdout, Stderr: stdio.Stderr}
 	agentDeadline := time.Unix(0, c.StartedAt).Add(s.cfg.GuestReadyTimeout)
 	for {
 		code, err := s.cocoonFor(sb).VMExec(ctx, c.VM.ID, argv, opts)

@@ -37,7 +37,7 @@ func (s *Server) setUpGuest(ctx context.Context, sb *store.Sandbox, c *store.Con
 	defer cancel()
 	for {
 		var out bytes.Buffer
-		code, err := s.guestExec(ctx, sb, c, []string{"/bin/sh", "-c", script}, streaming.ExecIO{Stdout: &out, Stderr: &out})
+		code, err := s.guestExec(ctx, sb, c, systemCommand("/bin/sh", "-c", script), streaming.ExecIO{Stdout: &out, Stderr: &out})
 		switch {
 		case err == nil && code == 0:
 			log.Info("guest configured for the pod")

@@ -58,7 +58,7 @@ func (s *Server) ExecSync(ctx context.Context, req *runtimeapi.ExecSyncRequest) 
 	err = s.awaitGuestSetUp(ctx, c.ID)
 	code := -1
 	if err == nil {
-		code, err = s.guestExec(ctx, sb, c, req.GetCmd(), streaming.ExecIO{Stdout: stdout, Stderr: stderr})
+		code, err = s.guestExec(ctx, sb, c, containerCommand(c.Config.Msg, req.GetCmd()), streaming.ExecIO{Stdout: stdout, Stderr: stderr})
 	}
 	if errors.Is(err, context.DeadlineExceeded) && req.GetTimeout() > 0 {
 		return nil, status.Errorf(codes.DeadlineExceeded, "command %q timed out after %ds", req.GetCmd(), req.GetTimeout())
@@ -181,7 +181,7 @@ func (r streamRuntime) Exec(ctx context.Context, containerID string, cmd []strin
 	if err := r.s.awaitGuestSetUp(ctx, c.ID); err != nil {
 		return err
 	}
-	code, err := r.s.guestExec(ctx, sb, c, cmd, streaming.ExecIO{Stdin: in, Stdout: out, Stderr: errw, TTY: tty, Resize: resize})
+	code, err := r.s.guestExec(ctx, sb, c, containerCommand(c.Config.Msg, cmd), streaming.ExecIO{Stdin: in, Stdout: out, Stderr: errw, TTY: tty, Resize: resize})
 	if err != nil {
 		return err
 	}

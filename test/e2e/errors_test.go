@@ -87,6 +87,12 @@ func TestBadInputsAreRefusedAndChangeNothing(t *testing.T) {
 			variant("baddio", withAnnotation("vm.cocoonstack.io/no-direct-io", "yes"))}, "no-direct-io"},
 		{"a missing image", "NotFound", []string{"create", "--no-pull", podID,
 			ctrVariant("noimage", func(c *runtimeapi.ContainerConfig) { c.Image.Image = "e2e/missing:v9" }), podFile}, "cocoon-cri image import"},
+		{"an environment variable named with '='", "InvalidArgument", []string{"create", "--no-pull", podID,
+			ctrVariant("badenv", func(c *runtimeapi.ContainerConfig) {
+				c.Envs = []*runtimeapi.KeyValue{{Key: "A=B", Value: []byte("c")}}
+			}), podFile}, "is not an environment variable name"},
+		{"a relative working directory", "InvalidArgument", []string{"create", "--no-pull", podID,
+			ctrVariant("reldir", func(c *runtimeapi.ContainerConfig) { c.WorkingDir = "srv/app" }), podFile}, "must be an absolute path"},
 		{"the same container twice", "AlreadyExists", []string{"create", "--no-pull", podID, ctrFile, podFile}, ctrID},
 		{"a container in an unknown sandbox", "NotFound", []string{"create", "--no-pull", unknown, ctrFile, podFile}, "not found"},
 		{"a second start", "FailedPrecondition", []string{"start", ctrID}, "only a created container"},

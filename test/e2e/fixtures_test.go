@@ -42,10 +42,33 @@ func containerConfig(name, image string) *runtimeapi.ContainerConfig {
 func (n *node) configFile(name string, msg any) string {
 	n.t.Helper()
 	data, err := json.Marshal(msg)
+	if err == nil {
+		data, err = envValuesAsText(msg, data)
+	}
 	if err != nil {
 		n.t.Fatal(err)
 	}
 	return n.writeFile(name, data)
+}
+
+// envValuesAsText rewrites a container config's environment values as the text crictl reads: its
+// cri-api (v0.36) has them as strings, where v0.37's Go type is bytes, which JSON writes in base64.
+// The protobuf wire format is the same for both.
+func envValuesAsText(msg any, data []byte) ([]byte, error) {
+	cfg, ok := msg.(*runtimeapi.ContainerConfig)
+	if !ok || len(cfg.GetEnvs()) == 0 {
+		return data, nil
+	}
+	var fields map[string]any
+	if err := json.Unmarshal(data, &fields); err != nil {
+		return nil, err
+	}
+	envs := make([]map[string]string, 0, len(cfg.GetEnvs()))
+	for _, kv := range cfg.GetEnvs() {
+		envs = append(envs, map[string]string{"key": kv.GetKey(), "value": string(kv.GetValue())})
+	}
+	fields["envs"] = envs
+	return json.Marshal(fields)
 }
 
 // snapshotImage writes a snapshot archive for this node (its base files installed, as a node that
