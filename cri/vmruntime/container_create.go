@@ -151,6 +151,17 @@ func validateContainerConfig(cfg *runtimeapi.ContainerConfig) error {
 	if dir := cfg.GetWorkingDir(); dir != "" && (!path.IsAbs(dir) || strings.IndexByte(dir, 0) >= 0) {
 		return invalid("working_dir %q must be an absolute path in the guest", dir)
 	}
+	// A host device node means nothing in a guest, which has its own kernel; handing it to the VM
+	// (cocoon's disk and VFIO attach) is not built yet. Refused rather than dropped: a pod that
+	// needs its device must not run without it.
+	if devs := cfg.GetDevices(); len(devs) > 0 {
+		return invalid("devices: %s cannot be given to a VM: cocoon-cri passes no host devices into guests yet "+
+			"(block volumes and device plugins); run this container with another runtime class", devs[0].GetHostPath())
+	}
+	if cdi := cfg.GetCDIDevices(); len(cdi) > 0 {
+		return invalid("CDI device %s cannot be given to a VM: cocoon-cri passes no host devices into guests yet; "+
+			"run this container with another runtime class", cdi[0].GetName())
+	}
 	return nil
 }
 

@@ -93,6 +93,14 @@ func TestBadInputsAreRefusedAndChangeNothing(t *testing.T) {
 			}), podFile}, "is not an environment variable name"},
 		{"a relative working directory", "InvalidArgument", []string{"create", "--no-pull", podID,
 			ctrVariant("reldir", func(c *runtimeapi.ContainerConfig) { c.WorkingDir = "srv/app" }), podFile}, "must be an absolute path"},
+		{"a host device", "InvalidArgument", []string{"create", "--no-pull", podID,
+			ctrVariant("device", func(c *runtimeapi.ContainerConfig) {
+				c.Devices = []*runtimeapi.Device{{ContainerPath: "/dev/xvda", HostPath: "/dev/loop0", Permissions: "rwm"}}
+			}), podFile}, "passes no host devices into guests yet"},
+		{"a CDI device", "InvalidArgument", []string{"create", "--no-pull", podID,
+			ctrVariant("cdi", func(c *runtimeapi.ContainerConfig) {
+				c.CDIDevices = []*runtimeapi.CDIDevice{{Name: "vendor.com/gpu=0"}}
+			}), podFile}, "passes no host devices into guests yet"},
 		{"the same container twice", "AlreadyExists", []string{"create", "--no-pull", podID, ctrFile, podFile}, ctrID},
 		{"a container in an unknown sandbox", "NotFound", []string{"create", "--no-pull", unknown, ctrFile, podFile}, "not found"},
 		{"a second start", "FailedPrecondition", []string{"start", ctrID}, "only a created container"},
