@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -121,6 +123,15 @@ func guestSetupScript(sb *store.Sandbox, c *store.Container) string {
 			fmt.Fprintf(&conf, "options %s\n", strings.Join(dns.GetOptions(), " "))
 		}
 		fmt.Fprintf(&b, "printf '%%s' %s > /etc/resolv.conf || failed=1\n", streaming.ShellQuote([]string{conf.String()}))
+	}
+	// A container runtime sets the pod's sysctls in the pod's namespaces; a VM's whole kernel is the
+	// pod's. Written under /proc/sys, which every Linux guest has (sysctl(8) may be missing).
+	sysctls := cfg.GetLinux().GetSysctls()
+	for _, name := range slices.Sorted(maps.Keys(sysctls)) {
+		if path, ok := sysctlPath(name); ok {
+			fmt.Fprintf(&b, "printf '%%s\\n' %s > %s || failed=1\n",
+				streaming.ShellQuote([]string{sysctls[name]}), streaming.ShellQuote([]string{"/proc/sys/" + path}))
+		}
 	}
 	b.WriteString("exit $failed\n")
 	return b.String()

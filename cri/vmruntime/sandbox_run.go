@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
+	"strings"
 
 	"github.com/containernetworking/cni/libcni"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -130,7 +132,34 @@ func (s *Server) validateSandboxConfig(cfg *runtimeapi.PodSandboxConfig, handler
 	if err := s.cgroups.CheckParent(cfg.GetLinux().GetCgroupParent()); err != nil {
 		return invalid("%v", err)
 	}
+	for name, value := range cfg.GetLinux().GetSysctls() {
+		if _, ok := sysctlPath(name); !ok {
+			return invalid("sysctl %q is not a kernel parameter name (segments of letters, digits, '_', '-', ':', separated by '.' or '/')", name)
+		}
+		if strings.ContainsAny(value, "\x00\n") {
+			return invalid("sysctl %s: the value holds a NUL byte or a newline", name)
+		}
+	}
 	return nil
+}
+
+// sysctlSegment is one element of a kernel parameter's path under /proc/sys. It cannot be "." or
+// "..": the path stays under /proc/sys.
+var sysctlSegment = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.:-]*$`)
+
+// sysctlPath is the path under /proc/sys of a kernel parameter named as Kubernetes allows:
+// "net.ipv4.ip_forward", or with slashes where a segment holds a dot
+// ("net/ipv4/conf/eth0.100/forwarding").
+func sysctlPath(name string) (string, bool) {
+	if !strings.Contains(name, "/") {
+		name = strings.ReplaceAll(name, ".", "/")
+	}
+	for _, seg := range strings.Split(name, "/") {
+		if !sysctlSegment.MatchString(seg) {
+			return "", false
+		}
+	}
+	return name, true
 }
 
 func (s *Server) checkHandler(handler string) error {

@@ -81,6 +81,10 @@ func TestBadInputsAreRefusedAndChangeNothing(t *testing.T) {
 			variant("badbackend", withAnnotation("vm.cocoonstack.io/backend", "qemu"))}, "vm.cocoonstack.io/backend"},
 		{"the firecracker backend, not run yet", "InvalidArgument", []string{"runp", "--runtime", "cocoon",
 			variant("fcbackend", withAnnotation("vm.cocoonstack.io/backend", "firecracker"))}, "does not run Firecracker VMs yet"},
+		{"a sysctl whose name leaves /proc/sys", "InvalidArgument", []string{"runp", "--runtime", "cocoon",
+			variant("badsysctl", func(p *runtimeapi.PodSandboxConfig) {
+				p.Linux.Sysctls = map[string]string{"net/../../../etc/motd": "x"}
+			})}, "is not a kernel parameter name"},
 		{"a malformed storage annotation", "InvalidArgument", []string{"runp", "--runtime", "cocoon",
 			variant("badstorage", withAnnotation("cocoonset.cocoonstack.io/storage", "huge"))}, "cocoonset.cocoonstack.io/storage"},
 		{"a malformed no-direct-io annotation", "InvalidArgument", []string{"runp", "--runtime", "cocoon",

@@ -527,3 +527,30 @@ func checkEnvAndWorkingDir(t *testing.T, n *node, image string) {
 		t.Fatalf("ExecSync pwd: %+v, %v", resp, err)
 	}
 }
+
+// TestPodSysctlsReachTheGuest: the pod's sysctls, named with dots or slashes, are written into the
+// guest's kernel when the guest is set up; the node's own stay as they were.
+func TestPodSysctlsReachTheGuest(t *testing.T) {
+	n := newNode(t)
+	n.withSnapshot()
+	hostBefore, err := os.ReadFile("/proc/sys/net/ipv4/ip_unprivileged_port_start")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := n.podConfig("tuned", "uid-tuned")
+	pod.Linux.Sysctls = map[string]string{
+		"net.ipv4.ip_unprivileged_port_start": "80",
+		"net/ipv4/ping_group_range":           "0 2147483647",
+	}
+	podFile := n.configFile("tuned-pod.json", pod)
+	podID := n.mustCrictl("runp", "--runtime", "cocoon", podFile)
+	ctrID := n.startContainer(podID, podFile, containerConfig("app", snapRef))
+	// An exec waits for the guest's set-up, which writes them.
+	out := n.mustCrictl("exec", ctrID, "cat", "/proc/sys/net/ipv4/ip_unprivileged_port_start", "/proc/sys/net/ipv4/ping_group_range")
+	if fields := strings.Fields(out); !slices.Equal(fields, []string{"80", "0", "2147483647"}) {
+		t.Fatalf("the guest's sysctls: %q", out)
+	}
+	if hostAfter, err := os.ReadFile("/proc/sys/net/ipv4/ip_unprivileged_port_start"); err != nil || string(hostAfter) != string(hostBefore) {
+		t.Fatalf("the node's own sysctl changed: %q -> %q (%v)", hostBefore, hostAfter, err)
+	}
+}
