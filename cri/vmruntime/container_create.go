@@ -151,6 +151,9 @@ func validateContainerConfig(cfg *runtimeapi.ContainerConfig) error {
 	if dir := cfg.GetWorkingDir(); dir != "" && (!path.IsAbs(dir) || strings.IndexByte(dir, 0) >= 0) {
 		return invalid("working_dir %q must be an absolute path in the guest", dir)
 	}
+	if adj := cfg.GetLinux().GetResources().GetOomScoreAdj(); adj < minOOMScoreAdj || adj > maxOOMScoreAdj {
+		return invalid("linux.resources.oom_score_adj %d is outside [%d, %d]", adj, minOOMScoreAdj, maxOOMScoreAdj)
+	}
 	// A host device node means nothing in a guest, which has its own kernel; handing it to the VM
 	// (cocoon's disk and VFIO attach) is not built yet. Refused rather than dropped: a pod that
 	// needs its device must not run without it.

@@ -46,6 +46,12 @@ func (s *Server) StartContainer(ctx context.Context, req *runtimeapi.StartContai
 	if err == nil {
 		cgroup, cgroupCreated, err = s.placeVM(sb, c, vm.PID)
 	}
+	if err == nil {
+		// The VM runs either way; only the kernel's choice under memory pressure is at stake.
+		if oomErr := s.setOOMScoreAdj(c, vm.PID); oomErr != nil {
+			log.Warn("the VM keeps the OOM score cocoon gave it", "err", oomErr)
+		}
+	}
 	if err != nil {
 		log.Error("VM did not start", "err", err)
 		s.cleanUpFailedStart(sb, c)

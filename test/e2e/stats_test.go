@@ -428,3 +428,19 @@ func makePodCgroup(t *testing.T, cgroup string) []string {
 	}
 	return hiers
 }
+
+// TestVMTakesTheContainersOOMScore: the hypervisor runs with the container's OOM score, as a
+// container's processes would, so the node's kernel ranks VMs by the kubelet's QoS classes too.
+func TestVMTakesTheContainersOOMScore(t *testing.T) {
+	n := newNode(t)
+	n.withSnapshot()
+	podFile := n.configFile("oom-pod.json", n.podConfig("oom", "uid-oom"))
+	podID := n.mustCrictl("runp", "--runtime", "cocoon", podFile)
+	cfg := containerConfig("app", snapRef)
+	cfg.Linux.Resources.OomScoreAdj = 777
+	ctrID := n.startContainer(podID, podFile, cfg)
+	score, err := os.ReadFile(fmt.Sprintf("/proc/%d/oom_score_adj", n.vmPID(ctrID)))
+	if err != nil || strings.TrimSpace(string(score)) != "777" {
+		t.Fatalf("the hypervisor's oom_score_adj: %q, %v", score, err)
+	}
+}
