@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/crypto/ssh"
@@ -36,19 +37,42 @@ type ExecIO struct {
 // sshDialTimeout bounds reaching a guest's sshd.
 const sshDialTimeout = 10 * time.Second
 
+// sshHandshakeTimeout bounds the SSH handshake and login, whatever the caller's context: a guest's
+// sshd that accepts the connection and then says nothing must not hold the caller.
+const sshHandshakeTimeout = 30 * time.Second
+
+// sshKillWriteTimeout bounds sending the kill signal to a guest that does not read.
+const sshKillWriteTimeout = time.Second
+
 // SSHExec runs argv in the guest over SSH and returns its exit code. Cancelling ctx ends the
-// session.
+// session, at whatever step the guest is: the connection is closed, which unblocks the handshake,
+// a session request and the command alike.
 func SSHExec(ctx context.Context, t SSHTarget, argv []string, stdio ExecIO) (int, error) {
 	d := net.Dialer{Timeout: sshDialTimeout}
 	raw, err := d.DialContext(ctx, "tcp", t.Addr)
 	if err != nil {
 		return -1, fmt.Errorf("reach the guest's sshd at %s: %w", t.Addr, err)
 	}
+	defer raw.Close()
+	var running atomic.Pointer[ssh.Session]
+	stop := context.AfterFunc(ctx, func() {
+		if session := running.Load(); session != nil {
+			// The command is killed in the guest, unless the guest does not even read.
+			_ = raw.SetWriteDeadline(time.Now().Add(sshKillWriteTimeout))
+			_ = session.Signal(ssh.SIGKILL)
+		}
+		raw.Close()
+	})
+	defer stop()
+
+	_ = raw.SetDeadline(time.Now().Add(sshHandshakeTimeout))
 	conn, chans, reqs, err := ssh.NewClientConn(raw, t.Addr, &ssh.ClientConfig{
 		User: t.User, Auth: t.Auth, HostKeyCallback: t.HostKey, Timeout: sshDialTimeout,
 	})
 	if err != nil {
-		raw.Close()
+		if ctx.Err() != nil {
+			return -1, fmt.Errorf("log in to the guest at %s: %w", t.Addr, ctx.Err())
+		}
 		return -1, fmt.Errorf("log in to the guest at %s as %s: %w", t.Addr, t.User, err)
 	}
 	client := ssh.NewClient(conn, chans, reqs)
@@ -58,11 +82,9 @@ func SSHExec(ctx context.Context, t SSHTarget, argv []string, stdio ExecIO) (int
 		return -1, fmt.Errorf("open an SSH session: %w", err)
 	}
 	defer session.Close()
-	stop := context.AfterFunc(ctx, func() {
-		_ = session.Signal(ssh.SIGKILL)
-		client.Close()
-	})
-	defer stop()
+	// Logged in: the command may run as long as the caller allows.
+	_ = raw.SetDeadline(time.Time{})
+	running.Store(session)
 
 	if stdio.TTY {
 		if err := session.RequestPty("xterm", 24, 80, ssh.TerminalModes{ssh.ECHO: 1}); err != nil {
