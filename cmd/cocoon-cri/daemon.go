@@ -99,7 +99,7 @@ func runDaemon(parent context.Context, o *options) error {
 	vms := vmruntime.New(vmruntime.Config{
 		Version:             version,
 		ServeDefaultHandler: o.serveDefaultHandler,
-		GuestSSH:            vmruntime.GuestSSH{User: o.guestSSHUser, KeyFile: o.guestSSHKeyFile, Password: o.guestSSHPassword, Port: o.guestSSHPort},
+		GuestSSH:            vmruntime.GuestSSH{User: o.guestSSHUser, KeyFile: o.guestSSHKeyFile, Port: o.guestSSHPort},
 		GuestReadyTimeout:   o.guestReadyTimeout,
 		OrphanPolicy:        vmruntime.OrphanPolicy(o.orphanPolicy),
 		Metrics:             m,

@@ -100,7 +100,9 @@ func (o *options) addFlags(cmd *cobra.Command) {
 		"host:port of the exec/attach/port-forward server the kubelet proxies to (port 0: a free port)")
 	d.StringVar(&o.guestSSHUser, "guest-ssh-user", o.guestSSHUser, "user to log in to guests as, when cocoon has no vm exec")
 	d.StringVar(&o.guestSSHKeyFile, "guest-ssh-key-file", o.guestSSHKeyFile, "private key to log in to guests with, when cocoon has no vm exec")
-	d.StringVar(&o.guestSSHPassword, "guest-ssh-password", o.guestSSHPassword, "password to log in to guests with, when cocoon has no vm exec")
+	// Removed, and refused by name so that a configuration still giving it learns why.
+	d.StringVar(&o.guestSSHPassword, "guest-ssh-password", "", "")
+	_ = d.MarkHidden("guest-ssh-password")
 	d.IntVar(&o.guestSSHPort, "guest-ssh-port", o.guestSSHPort, "port of the guests' sshd")
 	d.StringVar(&o.orphanPolicy, "orphan-policy", o.orphanPolicy,
 		"what to do at start with VMs named like cocoon-cri's that no record claims: alert (log and count), destroy (vm rm --force) or keep")
@@ -140,6 +142,10 @@ func (o *options) validate() error {
 	}
 	if _, err := vmruntime.ParseOrphanPolicy(o.orphanPolicy); err != nil {
 		return fmt.Errorf("--orphan-policy: %w", err)
+	}
+	if o.guestSSHPassword != "" {
+		return fmt.Errorf("--guest-ssh-password was removed: one password for every guest is handed to each guest's sshd, " +
+			"and a hostile guest could log in to every other VM with it; use --guest-ssh-key-file")
 	}
 	if o.guestReadyTimeout <= 0 || o.guestSSHPort <= 0 || o.guestSSHPort > 65535 {
 		return fmt.Errorf("--guest-ready-timeout must be positive and --guest-ssh-port a port")

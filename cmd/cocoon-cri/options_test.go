@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -80,5 +82,23 @@ func TestPassthroughAndCgroupDriver(t *testing.T) {
 	}
 	if opts, err := parse("--cgroup-driver", "systemd"); err != nil || opts.cgroupDriver != "systemd" {
 		t.Fatalf("--cgroup-driver systemd: %q %v", opts.cgroupDriver, err)
+	}
+}
+
+// The node-wide guest password is gone: given by flag, environment or file, it is refused at
+// start with the reason and what to use instead.
+func TestGuestSSHPasswordIsRefused(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(file, []byte("guest-ssh-password: hunter2\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"--guest-ssh-password", "hunter2"}, {"--config", file}} {
+		if _, err := parse(args...); err == nil || !strings.Contains(err.Error(), "--guest-ssh-key-file") {
+			t.Errorf("%v: %v, want refused, pointing to the key file", args, err)
+		}
+	}
+	t.Setenv("COCOON_CRI_GUEST_SSH_PASSWORD", "hunter2")
+	if _, err := parse(); err == nil || !strings.Contains(err.Error(), "was removed") {
+		t.Errorf("from the environment: %v, want refused", err)
 	}
 }

@@ -27,7 +27,7 @@ func (s *Server) CreateContainer(ctx context.Context, req *runtimeapi.CreateCont
 	}
 	if len(mainCommand(cfg)) > 0 && !s.hasExecPath(ctx) {
 		return nil, invalid("the container has a command, which runs in the guest through cocoon's vm exec or SSH, and neither is available: " +
-			"this cocoon has no vm exec and no guest SSH login is configured (--guest-ssh-key-file, --guest-ssh-password); " +
+			"this cocoon has no vm exec and no guest SSH login is configured (--guest-ssh-key-file); " +
 			"upgrade cocoon, configure SSH, or leave command and args empty to let the VM's init be the workload")
 	}
 	// Before the sandbox lock: bringing the image into cocoon may take long.

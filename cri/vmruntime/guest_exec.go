@@ -23,17 +23,18 @@ import (
 	"github.com/cocoonstack/cocoon-cri/streaming"
 )
 
-// GuestSSH is how cocoon-cri logs in to guests when cocoon has no vm exec. Images may override the
-// user and password with the labels cocoon.ssh.username and cocoon.ssh.password, as cocoon's OCI
-// images declare them.
+// GuestSSH is how cocoon-cri logs in to guests when cocoon has no vm exec: with the node's key.
+// Images may name their own user, and a password besides the key, with the labels
+// cocoon.ssh.username and cocoon.ssh.password, as cocoon's OCI images declare them: such a password
+// is as public as the image. There is no node-wide password: every guest's sshd would be handed it,
+// and a hostile one could use it on the other VMs.
 type GuestSSH struct {
-	User     string
-	Password string
-	KeyFile  string
-	Port     int
+	User    string
+	KeyFile string
+	Port    int
 }
 
-func (g GuestSSH) configured() bool { return g.Password != "" || g.KeyFile != "" }
+func (g GuestSSH) configured() bool { return g.KeyFile != "" }
 
 // Image labels that override the guest login.
 const (
@@ -44,7 +45,7 @@ const (
 // errNoExecPath says what to configure when there is no way into a guest.
 var errNoExecPath = status.Error(codes.FailedPrecondition,
 	"cannot run commands in the guest: this cocoon has no vm exec (it came after v0.3.8) and no guest SSH login is configured; "+
-		"upgrade cocoon, or start cocoon-cri with --guest-ssh-key-file or --guest-ssh-password")
+		"upgrade cocoon, or start cocoon-cri with --guest-ssh-key-file")
 
 // agentRetry paces retries while a booting guest's agent comes up.
 const agentRetry = 250 * time.Millisecond
@@ -285,7 +286,7 @@ func (s *Server) sshExec(ctx context.Context, sb *store.Sandbox, c *store.Contai
 
 func (s *Server) sshTarget(sb *store.Sandbox, c *store.Container) (streaming.SSHTarget, error) {
 	g := s.cfg.GuestSSH
-	user, password := g.User, g.Password
+	user, password := g.User, ""
 	if img, err := s.store.Images.Get(c.ImageID); err == nil {
 		if u := img.Labels[labelSSHUser]; u != "" {
 			user = u
