@@ -1,7 +1,6 @@
 package vmruntime
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -14,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
+	"github.com/cocoonstack/cocoon-cri/pkg/syncio"
 	"github.com/cocoonstack/cocoon-cri/streaming"
 	"github.com/cocoonstack/cocoon-cri/tapmanager"
 )
@@ -38,8 +38,9 @@ func (s *Server) setUpGuest(ctx context.Context, sb *store.Sandbox, c *store.Con
 	ctx, cancel := context.WithTimeout(ctx, budget)
 	defer cancel()
 	for {
-		var out bytes.Buffer
-		code, err := s.guestExec(ctx, sb, c, systemCommand("/bin/sh", "-c", script), streaming.ExecIO{Stdout: &out, Stderr: &out})
+		// The guest's output is only logged, and a hostile guest may print without end: its tail.
+		out := &syncio.Tail{Max: guestOutputTail}
+		code, err := s.guestExec(ctx, sb, c, systemCommand("/bin/sh", "-c", script), streaming.ExecIO{Stdout: out, Stderr: out})
 		switch {
 		case err == nil && code == 0:
 			log.Info("guest configured for the pod")
@@ -79,6 +80,9 @@ func (s *Server) reseedClone(ctx context.Context, c *store.Container, log *slog.
 	}
 	log.Info("clone reseeded: fresh entropy and machine-id")
 }
+
+// guestOutputTail is how much of the guest's output to its set-up is kept for the log.
+const guestOutputTail = 4 << 10
 
 // guestSetupScript is the shell script that configures the guest. Its parts are independent: one
 // that fails (a hostname the guest refuses) does not keep the others from being applied, and the
