@@ -25,10 +25,8 @@ func (s *Server) CreateContainer(ctx context.Context, req *runtimeapi.CreateCont
 	if err := validateContainerConfig(cfg); err != nil {
 		return nil, err
 	}
-	if len(mainCommand(cfg)) > 0 && !s.hasExecPath(ctx) {
-		return nil, invalid("the container has a command, which runs in the guest through cocoon's vm exec or SSH, and neither is available: " +
-			"this cocoon has no vm exec and no guest SSH login is configured (--guest-ssh-key-file); " +
-			"upgrade cocoon, configure SSH, or leave command and args empty to let the VM's init be the workload")
+	if err := s.checkCommandCanRun(ctx, cfg); err != nil {
+		return nil, err
 	}
 	// Before the sandbox lock: bringing the image into cocoon may take long.
 	img, err := s.containerImage(ctx, cfg.GetImage())
@@ -126,6 +124,23 @@ func (s *Server) bringIn(ctx context.Context, ref string) (*store.Image, error) 
 		return nil, status.Errorf(codes.DeadlineExceeded,
 			"image %s is still being brought into cocoon; the pull goes on, and the next CreateContainer finds it", ref)
 	}
+}
+
+// checkCommandCanRun refuses a container with a command where commands cannot reach guests.
+func (s *Server) checkCommandCanRun(ctx context.Context, cfg *runtimeapi.ContainerConfig) error {
+	if len(mainCommand(cfg)) == 0 {
+		return nil
+	}
+	path, err := s.execPath(ctx)
+	if err != nil {
+		return err
+	}
+	if path == ExecPathNone {
+		return invalid("the container has a command, which runs in the guest through cocoon's vm exec or SSH, and neither is available: " +
+			"this cocoon has no vm exec and no guest SSH login is configured (--guest-ssh-key-file); " +
+			"upgrade cocoon, configure SSH, or leave command and args empty to let the VM's init be the workload")
+	}
+	return nil
 }
 
 func validateContainerConfig(cfg *runtimeapi.ContainerConfig) error {

@@ -97,7 +97,10 @@ const powerOffPoll = 50 * time.Millisecond
 func (s *Server) askGuestPowerOff(ctx context.Context, sb *store.Sandbox, c *store.Container, timeout time.Duration) powerOffAnswer {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	if !s.hasExecPath(ctx) {
+	switch path, err := s.execPath(ctx); {
+	case err != nil:
+		return powerOffAnswer{why: status.Convert(err).Message()}
+	case path == ExecPathNone:
 		return powerOffAnswer{why: "no way to run commands in guests"}
 	}
 	code, err := s.guestExec(ctx, sb, c, systemCommand("poweroff"), streaming.ExecIO{Stdout: io.Discard, Stderr: io.Discard})

@@ -57,21 +57,28 @@ const (
 	ExecPathNone  = ""
 )
 
-// ExecPath is how commands reach guests on this node: through cocoon's guest agent (vm exec) when
+// execPath is how commands reach guests on this node: through cocoon's guest agent (vm exec) when
 // this cocoon has it, over SSH to the pod IP when a login is configured, or not at all. A VM may
-// learn otherwise (guestExecPath).
-func (s *Server) ExecPath(ctx context.Context) string {
+// learn otherwise (guestExecPath). When cocoon cannot be asked what it has, that is an error
+// (Unavailable), never "no path": the next call asks again.
+func (s *Server) execPath(ctx context.Context) (string, error) {
+	caps, err := s.cocoon.Capabilities(ctx)
 	switch {
-	case s.cocoon.ExecSupported(ctx):
-		return ExecPathAgent
+	case err != nil:
+		return ExecPathNone, status.Errorf(codes.Unavailable, "cannot learn whether this cocoon has vm exec (retry): %v", err)
+	case caps.Exec:
+		return ExecPathAgent, nil
 	case s.cfg.GuestSSH.configured():
-		return ExecPathSSH
+		return ExecPathSSH, nil
 	}
-	return ExecPathNone
+	return ExecPathNone, nil
 }
 
-// hasExecPath reports whether commands can be run in guests at all.
-func (s *Server) hasExecPath(ctx context.Context) bool { return s.ExecPath(ctx) != ExecPathNone }
+// ExecPath is execPath for the daemon's log: "" when there is none or it cannot be told yet.
+func (s *Server) ExecPath(ctx context.Context) string {
+	path, _ := s.execPath(ctx)
+	return path
+}
 
 // guestCommand is a command to run in a guest: argv, with env added to the guest's environment and
 // in dir, where they are set; otherwise the guest's own defaults (its agent's, or the login's).
@@ -166,7 +173,10 @@ func notShellNames(env map[string]string) map[string]string {
 // guestExec runs a command in the container's guest and returns its exit code, by the VM's exec
 // path. A guest found to have no agent falls back to SSH where a login is configured.
 func (s *Server) guestExec(ctx context.Context, sb *store.Sandbox, c *store.Container, cmd guestCommand, stdio streaming.ExecIO) (int, error) {
-	path, learned := s.guestExecPath(ctx, c)
+	path, learned, err := s.guestExecPath(ctx, c)
+	if err != nil {
+		return -1, err
+	}
 	if path == ExecPathAgent {
 		code, err := s.agentExec(ctx, sb, c, cmd, stdio)
 		var none *noAgentError
@@ -192,11 +202,12 @@ func noAgentNoSSH(c *store.Container, why string) error {
 }
 
 // guestExecPath is the exec path this VM was found to have (learned), else the node's.
-func (s *Server) guestExecPath(ctx context.Context, c *store.Container) (path string, learned bool) {
+func (s *Server) guestExecPath(ctx context.Context, c *store.Container) (path string, learned bool, err error) {
 	if cur, err := s.store.Containers.Get(c.ID); err == nil && cur.VM.GuestExecKnown {
-		return cur.VM.GuestExec, true
+		return cur.VM.GuestExec, true, nil
 	}
-	return s.ExecPath(ctx), false
+	path, err = s.execPath(ctx)
+	return path, false, err
 }
 
 // noAgentError: the VM's guest has no cocoon-agent that will ever answer.

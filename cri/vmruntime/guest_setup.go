@@ -25,13 +25,16 @@ import (
 // cocoon gave it; docs/networking.md says so.
 func (s *Server) setUpGuest(ctx context.Context, sb *store.Sandbox, c *store.Container) {
 	log := s.log.With("container", c.ID, "vm", c.VM.Name)
-	if !s.hasExecPath(ctx) {
+	// A cocoon that cannot be asked now is asked again below, within the budget: a passing failure
+	// must not leave the guest unconfigured for good.
+	path, _, err := s.guestExecPath(ctx, c)
+	if err == nil && path == ExecPathNone {
 		log.Info("guest left as cocoon configured it: no way to run commands in it")
 		return
 	}
 	script := guestSetupScript(sb, c)
 	budget := s.cfg.GuestReadyTimeout
-	if path, _ := s.guestExecPath(ctx, c); path == ExecPathAgent && s.cfg.GuestSSH.configured() {
+	if (err != nil || path == ExecPathAgent) && s.cfg.GuestSSH.configured() {
 		// The agent gets one guest-ready timeout; a guest found to have none, a second over SSH.
 		budget *= 2
 	}
@@ -68,7 +71,7 @@ func (s *Server) setUpGuest(ctx context.Context, sb *store.Sandbox, c *store.Con
 // with the snapshot's. cocoon v0.5 tries that itself after vm clone, in the background and
 // without reporting a failure; asked again once the agent has answered, it is made sure of.
 func (s *Server) reseedClone(ctx context.Context, c *store.Container, log *slog.Logger) {
-	if path, _ := s.guestExecPath(ctx, c); c.VM.Mode != store.VMClone || path != ExecPathAgent {
+	if path, _, err := s.guestExecPath(ctx, c); err != nil || c.VM.Mode != store.VMClone || path != ExecPathAgent {
 		return
 	}
 	if caps, err := s.cocoon.Capabilities(ctx); err != nil || !caps.ReseedMachineID {

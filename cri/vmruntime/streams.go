@@ -80,7 +80,10 @@ func (s *Server) Exec(ctx context.Context, req *runtimeapi.ExecRequest) (*runtim
 	if _, _, err := s.runningContainer(req.GetContainerId()); err != nil {
 		return nil, err
 	}
-	if !s.hasExecPath(ctx) {
+	switch path, err := s.execPath(ctx); {
+	case err != nil:
+		return nil, err
+	case path == ExecPathNone:
 		return nil, errNoExecPath
 	}
 	resp, err := s.streams.GetExec(req)

@@ -37,11 +37,21 @@ func (c *Client) Capabilities(ctx context.Context) (Capabilities, error) {
 }
 
 // probes caches Capabilities per binary path.
-var probes = &capabilityCache{known: map[string]Capabilities{}}
+var probes = &capabilityCache{known: map[string]Capabilities{}, inFlight: map[string]*probeCall{}}
 
+// capabilityCache holds what each binary was found to offer. Its lock is never held across a
+// cocoon call: callers that need a probe in flight wait for it, each no longer than its own context.
 type capabilityCache struct {
-	mu    sync.Mutex
-	known map[string]Capabilities
+	mu       sync.Mutex
+	known    map[string]Capabilities
+	inFlight map[string]*probeCall
+}
+
+// probeCall is one probe in flight; done closes when caps and err are set.
+type probeCall struct {
+	done chan struct{}
+	caps Capabilities
+	err  error
 }
 
 // probeTimeout bounds each call of a probe: help output is instant on any cocoon.
@@ -49,16 +59,37 @@ const probeTimeout = 30 * time.Second
 
 func (p *capabilityCache) get(ctx context.Context, c *Client) (Capabilities, error) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if caps, ok := p.known[c.opts.Binary]; ok {
+		p.mu.Unlock()
 		return caps, nil
 	}
-	caps, err := probe(ctx, c)
-	if err != nil {
-		return Capabilities{}, err
+	call, running := p.inFlight[c.opts.Binary]
+	if !running {
+		call = &probeCall{done: make(chan struct{})}
+		p.inFlight[c.opts.Binary] = call
+		// The probe belongs to every caller waiting for it, not to the first one's context.
+		go p.run(context.WithoutCancel(ctx), c, call)
 	}
-	p.known[c.opts.Binary] = caps
-	return caps, nil
+	p.mu.Unlock()
+	select {
+	case <-call.done:
+		return call.caps, call.err
+	case <-ctx.Done():
+		return Capabilities{}, fmt.Errorf("probe cocoon: %w", ctx.Err())
+	}
+}
+
+// run probes the binary and publishes the answer; a failure is not kept, so the next caller asks
+// again.
+func (p *capabilityCache) run(ctx context.Context, c *Client, call *probeCall) {
+	call.caps, call.err = probe(ctx, c)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if call.err == nil {
+		p.known[c.opts.Binary] = call.caps
+	}
+	delete(p.inFlight, c.opts.Binary)
+	close(call.done)
 }
 
 func probe(ctx context.Context, c *Client) (Capabilities, error) {

@@ -2,8 +2,14 @@ package cocoon
 
 import (
 	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // The help cocoon prints (cobra's layout, abbreviated) for the subcommands the probe reads.
@@ -100,5 +106,49 @@ func TestCloneFlagsFollowTheCapabilities(t *testing.T) {
 		if got := strings.Join(o.args(c.caps), " "); got != c.want {
 			t.Errorf("%+v: %s, want %s", c.caps, got, c.want)
 		}
+	}
+}
+
+// A probe in flight holds nobody past their own context: a caller whose context ends gets that
+// error at once, while the probe carries on for the callers that wait.
+func TestCapabilitiesWaitNoLongerThanTheCallersContext(t *testing.T) {
+	// The probe's first call waits until the test ends its sleep.
+	c, dir := fakeCocoon(t, append([]response{{match: "version", stdout: versionOutput("v0.5.1"), sleep: "600"}}, v05Probe()[1:]...)...)
+	first := make(chan error, 1)
+	go func() {
+		_, err := c.Capabilities(context.Background())
+		first <- err
+	}()
+	// The sleeper's PID is written once the probe's first call runs.
+	var sleeper int
+	for deadline := time.Now().Add(time.Minute); sleeper <= 0; time.Sleep(10 * time.Millisecond) {
+		pidText, _ := os.ReadFile(filepath.Join(dir, "child.pid"))
+		sleeper, _ = strconv.Atoi(strings.TrimSpace(string(pidText)))
+		if sleeper <= 0 && time.Now().After(deadline) {
+			t.Fatal("the probe never started")
+		}
+	}
+	// Also when the test fails before it lets the probe go on.
+	t.Cleanup(func() { _ = syscall.Kill(sleeper, syscall.SIGKILL) })
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	second := make(chan error, 1)
+	go func() {
+		_, err := c.Capabilities(ctx)
+		second <- err
+	}()
+	select {
+	case err := <-second:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("a caller whose context ended: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("a caller whose context ended is held by the probe in flight")
+	}
+	if err := syscall.Kill(sleeper, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-first; err != nil {
+		t.Fatalf("the probe in flight: %v", err)
 	}
 }

@@ -22,13 +22,6 @@ type ExecOptions struct {
 	Stderr io.Writer
 }
 
-// ExecSupported reports whether the cocoon binary has vm exec (newer releases, through the guest
-// agent). A binary that cannot be probed has none, for now: the next call asks again.
-func (c *Client) ExecSupported(ctx context.Context) bool {
-	caps, err := c.Capabilities(ctx)
-	return err == nil && caps.Exec
-}
-
 // execUsage starts the usage line of vm exec's help.
 const execUsage = "cocoon vm exec [flags] VM"
 

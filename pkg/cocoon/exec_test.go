@@ -12,22 +12,6 @@ import (
 	"time"
 )
 
-func TestExecSupportedReadsTheUsageLine(t *testing.T) {
-	// cocoon v0.3.8 answers "vm exec --help" with vm's own help and exit 0.
-	old, _ := fakeCocoon(t, v038Probe()...)
-	if old.ExecSupported(context.Background()) {
-		t.Fatal("a cocoon without vm exec was taken for one with it")
-	}
-	newer, _ := fakeCocoon(t, v05Probe()...)
-	if !newer.ExecSupported(context.Background()) {
-		t.Fatal("vm exec not detected")
-	}
-	broken, _ := fakeCocoon(t)
-	if broken.ExecSupported(context.Background()) {
-		t.Fatal("a cocoon that cannot be probed was taken for one with vm exec")
-	}
-}
-
 func TestVMExecPassesTheCommandsExitCodeOn(t *testing.T) {
 	c, dir := fakeCocoon(t,
 		response{match: "-- ok", stdout: "out\n"},
