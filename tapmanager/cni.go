@@ -23,6 +23,16 @@ const PodIfName = "eth0"
 // ErrNoNetwork means the node has no loadable CNI configuration.
 var ErrNoNetwork = errors.New("no CNI network configured")
 
+// UnknownNetworkError: the node has CNI networks, but none of that name.
+type UnknownNetworkError struct {
+	Name, Dir string
+	Found     []string
+}
+
+func (e *UnknownNetworkError) Error() string {
+	return fmt.Sprintf("no CNI network named %q in %s (found %v)", e.Name, e.Dir, e.Found)
+}
+
 // CNI runs the cluster's CNI plugins for pod sandboxes.
 type CNI struct {
 	confDir string
@@ -61,8 +71,8 @@ func (c *CNI) Load(name string) (*libcni.NetworkConfigList, error) {
 		}
 		seen = append(seen, list.Name)
 	}
-	if name != "" {
-		return nil, fmt.Errorf("no CNI network named %q in %s (found %v): %w", name, c.confDir, seen, ErrNoNetwork)
+	if name != "" && len(seen) > 0 {
+		return nil, &UnknownNetworkError{Name: name, Dir: c.confDir, Found: seen}
 	}
 	return nil, fmt.Errorf("no loadable CNI configuration in %s: %w", c.confDir, ErrNoNetwork)
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/cocoonstack/cocoon-cri/cri"
 	"github.com/cocoonstack/cocoon-cri/cri/passthrough"
@@ -96,6 +97,7 @@ func runDaemon(parent context.Context, o *options) error {
 	if err := nets.Init(); err != nil {
 		return err
 	}
+	maxStorage := resource.MustParse(o.maxStorage) // validated with the options
 	vms := vmruntime.New(vmruntime.Config{
 		Version:             version,
 		ServeDefaultHandler: o.serveDefaultHandler,
@@ -105,6 +107,8 @@ func runDaemon(parent context.Context, o *options) error {
 		Metrics:             m,
 		Cgroups:             cgroupDriver,
 		PullOnCreate:        o.passthroughEndpoint != "",
+		MaxStorage:          maxStorage.Value(),
+		AllowedNetworks:     o.allowedNetworks,
 	}, log, st, cc, nets, images)
 	defer vms.Shutdown()
 

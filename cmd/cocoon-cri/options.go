@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/cocoonstack/cocoon-cri/cri/passthrough"
 	"github.com/cocoonstack/cocoon-cri/cri/vmruntime"
@@ -51,6 +52,8 @@ type options struct {
 	metricsAddr         string
 	passthroughEndpoint string
 	cgroupDriver        string
+	maxStorage          string
+	allowedNetworks     []string
 }
 
 func defaultOptions() *options {
@@ -58,6 +61,7 @@ func defaultOptions() *options {
 		socket:            "/run/cocoon-cri/cocoon-cri.sock",
 		stateDir:          "/var/lib/cocoon-cri",
 		cocoonBinary:      "cocoon",
+		maxStorage:        "200Gi",
 		cocoonTimeout:     2 * time.Minute,
 		netnsDir:          "/var/run/netns",
 		cniConfDir:        "/etc/cni/net.d",
@@ -119,6 +123,10 @@ func (o *options) addFlags(cmd *cobra.Command) {
 		"CRI socket of the node's container runtime (unix:///run/containerd/containerd.sock): pods of every other runtime handler run there unchanged (empty: refused)")
 	d.StringVar(&o.cgroupDriver, "cgroup-driver", o.cgroupDriver,
 		"how VMs join pod cgroups: cgroupfs or systemd; the kubelet's cgroupDriver, and the passthrough runtime's")
+	d.StringVar(&o.maxStorage, "max-storage", o.maxStorage,
+		"largest VM disk a pod may ask for with the cocoonset.cocoonstack.io/storage annotation (a quantity)")
+	d.StringSliceVar(&o.allowedNetworks, "allowed-networks", o.allowedNetworks,
+		"CNI networks of --cni-conf-dir that pods may pick by name with the cocoonset.cocoonstack.io/network annotation, besides the default one (repeat or separate with commas)")
 	cmd.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
 		if err := config.Apply(cmd.Flags(), envPrefix, "config"); err != nil {
 			return err
@@ -163,6 +171,9 @@ func (o *options) validate() error {
 		if err := passthrough.CheckEndpoint(o.passthroughEndpoint); err != nil {
 			return fmt.Errorf("--passthrough-endpoint: %w", err)
 		}
+	}
+	if q, err := resource.ParseQuantity(o.maxStorage); err != nil || q.Value() < vmruntime.MinStorage {
+		return fmt.Errorf("--max-storage %q: want a quantity of at least 10G, such as 200Gi", o.maxStorage)
 	}
 	if o.metricsAddr != "" {
 		if _, _, err := net.SplitHostPort(o.metricsAddr); err != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/containernetworking/cni/libcni"
 
@@ -20,9 +21,24 @@ import (
 // (StopPodSandbox); the namespace goes with the sandbox (RemovePodSandbox).
 
 // loadNetwork picks the network a new sandbox joins: the one named by the pod's network
-// annotation, or the node's default.
+// annotation, or the node's default. A pod may name only the default network and those the
+// operator allows: the directory may hold networks pods must not join (a management network).
 func (s *Server) loadNetwork(name string) (*libcni.NetworkConfigList, error) {
-	list, err := s.net.Load(name)
+	list, err := s.net.Load("")
+	if errors.Is(err, tapmanager.ErrNoNetwork) {
+		return nil, precondition("the node's pod network is not ready: %v", err)
+	}
+	if err != nil || name == "" || list.Name == name {
+		return list, err
+	}
+	if !slices.Contains(s.cfg.AllowedNetworks, name) {
+		return nil, invalid("annotation %s=%q: pods may join the node's default network (%s) and those the operator allows with --allowed-networks (%q)",
+			AnnotationNetwork, name, list.Name, s.cfg.AllowedNetworks)
+	}
+	list, err = s.net.Load(name)
+	if unknown := (*tapmanager.UnknownNetworkError)(nil); errors.As(err, &unknown) {
+		return nil, invalid("annotation %s=%q: %v", AnnotationNetwork, name, err)
+	}
 	if errors.Is(err, tapmanager.ErrNoNetwork) {
 		return nil, precondition("the node's pod network is not ready: %v", err)
 	}

@@ -70,6 +70,10 @@ type Config struct {
 	// PullOnCreate: OCI images are pulled by another runtime (passthrough), so CreateContainer
 	// brings an OCI VM image into cocoon when a VM pod needs it.
 	PullOnCreate bool
+	// MaxStorage caps the disk a pod may ask for (the storage annotation); 0 is no cap.
+	MaxStorage int64
+	// AllowedNetworks are the CNI networks pods may pick by name besides the default one.
+	AllowedNetworks []string
 }
 
 // Observer is told what the runtime finds outside any RPC: VMs with cocoon-cri's names that no

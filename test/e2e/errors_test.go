@@ -85,6 +85,8 @@ func TestBadInputsAreRefusedAndChangeNothing(t *testing.T) {
 			variant("badsysctl", func(p *runtimeapi.PodSandboxConfig) {
 				p.Linux.Sysctls = map[string]string{"net/../../../etc/motd": "x"}
 			})}, "is not a kernel parameter name"},
+		{"a storage annotation above --max-storage", "InvalidArgument", []string{"runp", "--runtime", "cocoon",
+			variant("hugestorage", withAnnotation("cocoonset.cocoonstack.io/storage", "1Pi"))}, "--max-storage"},
 		{"a malformed storage annotation", "InvalidArgument", []string{"runp", "--runtime", "cocoon",
 			variant("badstorage", withAnnotation("cocoonset.cocoonstack.io/storage", "huge"))}, "cocoonset.cocoonstack.io/storage"},
 		{"a malformed no-direct-io annotation", "InvalidArgument", []string{"runp", "--runtime", "cocoon",

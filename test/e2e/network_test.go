@@ -427,3 +427,40 @@ func TestTwoPodsReachEachOther(t *testing.T) {
 		t.Fatalf("pod beta's IP answered %q", line)
 	}
 }
+
+// TestPodsPickOnlyAllowedNetworks: the network annotation joins a network of --cni-conf-dir that
+// the operator allows (--allowed-networks); one that is not allowed (a management network), and
+// one the node does not have, are refused with InvalidArgument saying which are allowed, or that
+// the network is missing.
+func TestPodsPickOnlyAllowedNetworks(t *testing.T) {
+	n := newNode(t, "--allowed-networks", "storage,ghost")
+	for file, net := range map[string]struct{ name, bridge, subnet string }{
+		"net.d/20-storage.conflist": {"storage", "cni1", "10.89.0.0/24"},
+		"net.d/30-admin.conflist":   {"admin", "cni2", "10.90.0.0/24"},
+	} {
+		n.writeFile(file, []byte(fmt.Sprintf(`{"cniVersion": "1.0.0", "name": %q, "plugins": [
+  {"type": "bridge", "bridge": %q, "isGateway": true,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": %q}]], "dataDir": %q}}]}`, net.name, net.bridge, net.subnet, n.ipamDir)))
+	}
+	onNetwork := func(name string) *runtimeapi.PodSandboxConfig {
+		pod := n.podConfig("on-"+name, "uid-on-"+name)
+		pod.Annotations = map[string]string{"cocoonset.cocoonstack.io/network": name}
+		return pod
+	}
+	podID := n.mustCrictl("runp", "--runtime", "cocoon", n.configFile("storage.json", onNetwork("storage")))
+	if ip := n.podIP(podID); !strings.HasPrefix(ip, "10.89.0.") {
+		t.Fatalf("a pod on the allowed network has IP %q", ip)
+	}
+	if ip := n.podIP(n.mustCrictl("runp", "--runtime", "cocoon", n.configFile("pods.json", onNetwork("pods")))); !strings.HasPrefix(ip, "10.88.0.") {
+		t.Fatalf("a pod naming the default network has IP %q", ip)
+	}
+	for _, name := range []string{"admin", "nosuch"} {
+		msg := n.crictlFails("InvalidArgument", "runp", "--runtime", "cocoon", n.configFile(name+".json", onNetwork(name)))
+		if !strings.Contains(msg, "--allowed-networks") {
+			t.Fatalf("network %s: %s", name, msg)
+		}
+	}
+	if msg := n.crictlFails("InvalidArgument", "runp", "--runtime", "cocoon", n.configFile("ghost.json", onNetwork("ghost"))); !strings.Contains(msg, "no CNI network named") || !strings.Contains(msg, "ghost") {
+		t.Fatalf("an allowed network the node lacks: %s", msg)
+	}
+}
