@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
@@ -24,17 +25,28 @@ const timestampFormat = "2006-01-02T15:04:05.000000000Z07:00"
 // LogWriter writes a container's output to its CRI log file, one record per line:
 // "<timestamp> <stream> <P|F> <line>". Reopen starts a new file at the same path (the kubelet
 // renames the file, then asks for a reopen); no line is lost or written twice across it.
+//
+// A write that fails (a full disk) loses those lines but never fails the writer's caller: the
+// container's output must keep flowing to the guest's other readers, and a pipe that errors would
+// end the container's process. Failures are counted and logged at most once per logErrorInterval.
 type LogWriter struct {
 	mu      sync.Mutex
 	path    string
 	f       *os.File
 	partial map[runtimeapi.LogStreamType][]byte
 	now     func() time.Time
+
+	log          *slog.Logger
+	failed       int
+	lastWarnedAt time.Time
 }
 
-// OpenLog opens (or creates) the log file at path for appending.
-func OpenLog(path string) (*LogWriter, error) {
-	w := &LogWriter{path: path, partial: map[runtimeapi.LogStreamType][]byte{}, now: time.Now}
+// logErrorInterval paces the warnings about failing log writes.
+const logErrorInterval = time.Minute
+
+// OpenLog opens (or creates) the log file at path for appending. Failed writes are reported to log.
+func OpenLog(path string, log *slog.Logger) (*LogWriter, error) {
+	w := &LogWriter{path: path, partial: map[runtimeapi.LogStreamType][]byte{}, now: time.Now, log: log}
 	if err := w.open(); err != nil {
 		return nil, err
 	}
@@ -64,7 +76,28 @@ type streamWriter struct {
 }
 
 func (s streamWriter) Write(p []byte) (int, error) {
-	return len(p), s.w.write(s.stream, p)
+	if err := s.w.write(s.stream, p); err != nil {
+		s.w.writeFailed(err)
+	}
+	return len(p), nil
+}
+
+// writeFailed counts a failed write and warns, at most once per logErrorInterval.
+func (w *LogWriter) writeFailed(err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.failed++
+	if now := w.now(); now.Sub(w.lastWarnedAt) >= logErrorInterval {
+		w.lastWarnedAt = now
+		w.log.Warn("container output is being lost: its log cannot be written", "path", w.path, "failedWrites", w.failed, "err", err)
+	}
+}
+
+// FailedWrites is how many writes to the log have failed.
+func (w *LogWriter) FailedWrites() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.failed
 }
 
 // write records the complete lines of p (and any line that grew past MaxLogLine), keeping the rest

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -30,7 +32,7 @@ var recordFormat = regexp.MustCompile(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z (
 
 func TestLogRecordsAreWhatTheKubeletReads(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "pod", "ctr", "0.log")
-	w, err := OpenLog(path)
+	w, err := OpenLog(path, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +57,7 @@ func TestLogRecordsAreWhatTheKubeletReads(t *testing.T) {
 
 func TestLongLinesBecomePartialRecords(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "0.log")
-	w, err := OpenLog(path)
+	w, err := OpenLog(path, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +81,7 @@ func TestLongLinesBecomePartialRecords(t *testing.T) {
 func TestRotationUnderContinuousOutputLosesAndDoublesNothing(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "0.log")
-	w, err := OpenLog(path)
+	w, err := OpenLog(path, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,4 +141,33 @@ func TestRotationUnderContinuousOutputLosesAndDoublesNothing(t *testing.T) {
 		}
 	}
 	t.Logf("%d lines, %d rotations", lines, rotations)
+}
+
+// A log that cannot be written (a full disk: /dev/full answers every write with ENOSPC) loses
+// lines but never fails its writer, so the container's output keeps reaching its other readers
+// (an io.MultiWriter stops at the first error, and the main process's pipe with it); the failures
+// are counted, and warned about once per interval, not once per line.
+func TestFullDiskLosesLinesNotTheContainer(t *testing.T) {
+	var warnings bytes.Buffer
+	w, err := OpenLog("/dev/full", slog.New(slog.NewTextHandler(&warnings, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	var attached bytes.Buffer
+	out := io.MultiWriter(w.Stream(runtimeapi.Stdout), &attached)
+	for i := range 100 {
+		if n, err := fmt.Fprintf(out, "line %d\n", i); err != nil || n == 0 {
+			t.Fatalf("write %d: %d, %v", i, n, err)
+		}
+	}
+	if !strings.Contains(attached.String(), "line 99\n") {
+		t.Fatalf("the attached reader lost output: %q", attached.String())
+	}
+	if got := w.FailedWrites(); got != 100 {
+		t.Fatalf("%d failed writes counted, want 100", got)
+	}
+	if n := strings.Count(warnings.String(), "container output is being lost"); n != 1 {
+		t.Fatalf("%d warnings for 100 failed writes, want 1:\n%s", n, warnings.String())
+	}
 }

@@ -40,7 +40,7 @@ func (s *Server) startIO(sb *store.Sandbox, c *store.Container) {
 	cio := &containerIO{cancel: cancel, setUp: make(chan struct{})}
 	log := s.log.With("container", c.ID, "vm", c.VM.Name)
 	if c.LogPath != "" {
-		w, err := streaming.OpenLog(c.LogPath)
+		w, err := streaming.OpenLog(c.LogPath, log)
 		if err != nil {
 			log.Error("cannot write the container log", "path", c.LogPath, "err", err)
 		} else {
