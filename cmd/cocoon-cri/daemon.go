@@ -41,6 +41,10 @@ func runDaemon(parent context.Context, o *options) error {
 		return err
 	}
 	defer st.Close()
+	for _, q := range st.Quarantined {
+		log.Error("a state record could not be read and was moved to the quarantine bucket; its pod is unknown to cocoon-cri from now on",
+			"table", q.Table, "key", q.Key, "err", q.Err)
+	}
 
 	// Collected always (the hooks cost next to nothing), served only with --metrics-addr. The
 	// address is bound before anything changes on the node, so a busy port fails the start early.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
@@ -36,13 +37,16 @@ func ParseOrphanPolicy(s string) (OrphanPolicy, error) {
 // RunPodSandbox that a crash interrupted is rolled back; running containers are checked against
 // cocoon's records (adopted when their VM runs, recorded exited when it died meanwhile) and their
 // streams picked up; orphan VMs meet the orphan policy; network leftovers of sandboxes that have
-// no record are removed. Only the roll-back can fail the start: the rest is retried by the
-// periodic sweep or the next start.
+// no record are removed. Nothing here fails the start: a roll-back that fails (a broken CNI DEL)
+// keeps its record, which holds the pod's name, and is retried in the background while the CRI is
+// served; the rest is retried by the periodic sweep or the next start.
 func (s *Server) Recover(ctx context.Context) error {
 	for _, sb := range s.store.Sandboxes.List(func(sb *store.Sandbox) bool { return sb.State == store.SandboxCreating }) {
 		s.log.Info("rolling back an interrupted RunPodSandbox", "sandbox", sb.ID, "name", sb.Name)
 		if err := s.rollbackSandbox(ctx, sb); err != nil {
-			return fmt.Errorf("roll back sandbox %s: %w", sb.ID, err)
+			s.log.Error("rolling back an interrupted RunPodSandbox failed; retrying in the background (the pod's name stays taken until then)",
+				"sandbox", sb.ID, "name", sb.Name, "err", err)
+			go s.retryRollback(ctx, sb.ID)
 		}
 	}
 	vms, err := s.cocoon.VMList(ctx)
@@ -67,6 +71,44 @@ func (s *Server) Recover(ctx context.Context) error {
 		s.log.Warn("removing network leftovers failed; the next start retries", "err", err)
 	}
 	return ctx.Err()
+}
+
+// Roll-back retries back off from rollbackRetryFirst to rollbackRetryMax.
+const (
+	rollbackRetryFirst = time.Second
+	rollbackRetryMax   = 30 * time.Second
+)
+
+// retryRollback rolls back a sandbox left creating until it works or ctx ends.
+func (s *Server) retryRollback(ctx context.Context, id string) {
+	wait := rollbackRetryFirst
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		if done := s.rollbackOnce(ctx, id); done {
+			return
+		}
+		wait = min(2*wait, rollbackRetryMax)
+	}
+}
+
+// rollbackOnce is one try, under the sandbox's lock; it reports whether nothing is left to do.
+func (s *Server) rollbackOnce(ctx context.Context, id string) bool {
+	unlock := s.locks.Lock(id)
+	defer unlock()
+	sb, err := s.store.Sandboxes.Get(id)
+	if err != nil || sb.State != store.SandboxCreating {
+		return true
+	}
+	if err := s.rollbackSandbox(ctx, sb); err != nil {
+		s.log.Warn("rolling back an interrupted RunPodSandbox failed again", "sandbox", id, "err", err)
+		return false
+	}
+	s.log.Info("rolled back an interrupted RunPodSandbox", "sandbox", id, "name", sb.Name)
+	return true
 }
 
 // handleOrphans applies the orphan policy to VMs named like cocoon-cri's that no container record

@@ -53,6 +53,9 @@ func (s *Server) Status(ctx context.Context, req *runtimeapi.StatusRequest) (*ru
 	}
 	if req.GetVerbose() {
 		info := map[string]any{"config": s.cfg, "cocoonBinary": s.cocoon.Binary(), "cocoonCheckedAt": probe.At}
+		if len(s.store.Quarantined) > 0 {
+			info["quarantinedRecords"] = s.store.Quarantined
+		}
 		if probe.Value != nil {
 			info["cocoonVersion"] = probe.Value
 		}

@@ -32,7 +32,17 @@ var (
 var (
 	metaBucket = []byte("meta")
 	schemaKey  = []byte("schema")
+	// quarantineBucket keeps the records that could not be decoded, as they were, under
+	// "<table>/<key>", for an operator to look at.
+	quarantineBucket = []byte("quarantine")
 )
+
+// Quarantined is a record that could not be decoded at Open and was moved aside.
+type Quarantined struct {
+	Table string `json:"table"`
+	Key   string `json:"key"`
+	Err   string `json:"error"`
+}
 
 // Store is the open state database.
 type Store struct {
@@ -40,6 +50,8 @@ type Store struct {
 	Sandboxes  *Table[Sandbox]
 	Containers *Table[Container]
 	Images     *Table[Image]
+	// Quarantined lists the records this Open moved to the quarantine bucket.
+	Quarantined []Quarantined
 }
 
 // Open opens or creates the database at path. It fails fast when another process holds it.
@@ -96,11 +108,15 @@ func (s *Store) init() error {
 	if err != nil {
 		return err
 	}
-	return s.db.View(func(tx *bolt.Tx) error {
-		for _, t := range []interface{ load(*bolt.Tx) error }{s.Sandboxes, s.Containers, s.Images} {
-			if err := t.load(tx); err != nil {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		for _, t := range []interface {
+			load(*bolt.Tx) ([]Quarantined, error)
+		}{s.Sandboxes, s.Containers, s.Images} {
+			bad, err := t.load(tx)
+			if err != nil {
 				return err
 			}
+			s.Quarantined = append(s.Quarantined, bad...)
 		}
 		return nil
 	})

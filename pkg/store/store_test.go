@@ -250,3 +250,48 @@ func TestConcurrentModifiesAreSerialised(t *testing.T) {
 		t.Fatalf("lost updates: %d", c.ExitCode)
 	}
 }
+
+// A record that cannot be decoded does not stop the store from opening: it is moved, as it was, to
+// the quarantine bucket and reported, and every other record loads; it stays out on later opens.
+func TestCorruptRecordIsQuarantined(t *testing.T) {
+	s, path := openTemp(t)
+	for _, id := range []string{"sb1", "sb2"} {
+		if err := s.Sandboxes.Create(sandbox(id, "web_default_"+id+"_0")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	garbage := []byte(`{"id": "sb2", "state": `)
+	err := s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket([]byte("sandboxes")).Put([]byte("sb2"), garbage) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+
+	s2, err := Open(path)
+	if err != nil {
+		t.Fatalf("a corrupt record stops the store from opening: %v", err)
+	}
+	if len(s2.Quarantined) != 1 || s2.Quarantined[0].Table != "sandboxes" || s2.Quarantined[0].Key != "sb2" || s2.Quarantined[0].Err == "" {
+		t.Fatalf("quarantined: %+v", s2.Quarantined)
+	}
+	if _, err := s2.Sandboxes.Get("sb1"); err != nil {
+		t.Fatalf("the good record: %v", err)
+	}
+	if s2.Sandboxes.Has("sb2") {
+		t.Fatal("the corrupt record is still served")
+	}
+	var kept []byte
+	_ = s2.db.View(func(tx *bolt.Tx) error {
+		kept = append(kept, tx.Bucket(quarantineBucket).Get([]byte("sandboxes/sb2"))...)
+		return nil
+	})
+	if string(kept) != string(garbage) {
+		t.Fatalf("quarantine holds %q, want the record as it was", kept)
+	}
+	s2.Close()
+	s3, err := Open(path)
+	if err != nil || len(s3.Quarantined) != 0 {
+		t.Fatalf("reopen: %+v, %v", s3.Quarantined, err)
+	}
+	s3.Close()
+}

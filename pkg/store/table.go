@@ -41,11 +41,17 @@ func (t *Table[T]) createBucket(tx *bolt.Tx) error {
 	return err
 }
 
-func (t *Table[T]) load(tx *bolt.Tx) error {
-	return tx.Bucket(t.bucket).ForEach(func(k, v []byte) error {
+// load mirrors the bucket in memory. A record that cannot be decoded is moved to the quarantine
+// bucket rather than stop the daemon from starting: one bad record must not take down every pod.
+// It returns what it moved.
+func (t *Table[T]) load(tx *bolt.Tx) ([]Quarantined, error) {
+	b := tx.Bucket(t.bucket)
+	var bad []Quarantined
+	err := b.ForEach(func(k, v []byte) error {
 		item := new(T)
 		if err := decode(v, item); err != nil {
-			return fmt.Errorf("decode %s/%s: %w", t.bucket, k, err)
+			bad = append(bad, Quarantined{Table: string(t.bucket), Key: string(k), Err: err.Error()})
+			return nil
 		}
 		t.items[string(k)] = item
 		for _, u := range t.unique(item) {
@@ -53,6 +59,25 @@ func (t *Table[T]) load(tx *bolt.Tx) error {
 		}
 		return nil
 	})
+	if err != nil {
+		return nil, err
+	}
+	if len(bad) == 0 {
+		return nil, nil
+	}
+	q, err := tx.CreateBucketIfNotExists(quarantineBucket)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range bad {
+		if err := q.Put([]byte(r.Table+"/"+r.Key), b.Get([]byte(r.Key))); err != nil {
+			return nil, err
+		}
+		if err := b.Delete([]byte(r.Key)); err != nil {
+			return nil, err
+		}
+	}
+	return bad, nil
 }
 
 // Get returns a copy of the record with this exact key.

@@ -1,12 +1,15 @@
 package e2e
 
 import (
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	bolt "go.etcd.io/bbolt"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
@@ -131,5 +134,97 @@ func TestRecoveryRollsBackAnInterruptedRunPodSandbox(t *testing.T) {
 	podID := n.mustCrictl("runp", "--runtime", "cocoon", n.configFile("pod.json", pod))
 	if podID == id {
 		t.Fatal("the retry reused the half-made sandbox")
+	}
+}
+
+// TestStartupServesDespiteAFailingRollback: a RunPodSandbox cut short whose CNI DEL keeps failing
+// does not keep the daemon from serving; its record (and the pod's name) is kept and the roll-back
+// retried in the background until DEL works.
+func TestStartupServesDespiteAFailingRollback(t *testing.T) {
+	plugins := t.TempDir()
+	n := newNode(t, "--cni-bin-dir", plugins)
+	pod := n.podConfig("web", "uid-web")
+	n.stop()
+
+	st, err := store.Open(filepath.Join(n.stateDir, "cocoon-cri.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nets := &tapmanager.NetNS{Dir: n.netnsDir}
+	id := strings.Repeat("d", 64)
+	// Added to a network whose plugin the node does not have (yet): its DEL fails.
+	half := &store.Sandbox{
+		ID: id, Name: "web_default_uid-web_0", State: store.SandboxCreating, RuntimeHandler: "cocoon",
+		Config: store.Proto[*runtimeapi.PodSandboxConfig]{Msg: pod}, NetNS: nets.NetNSPath(id),
+		Network: &store.PodNetwork{ConfList: json.RawMessage(`{"cniVersion": "1.0.0", "name": "gone", "plugins": [{"type": "e2e-late-plugin"}]}`)},
+	}
+	if err := st.Sandboxes.Create(half); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	if err := nets.CreateNetNS(half.NetNS); err != nil {
+		t.Fatal(err)
+	}
+
+	n.start()
+	if out := n.mustCrictl("version"); !strings.Contains(out, "cocoon-cri") {
+		t.Fatalf("crictl version: %q", out)
+	}
+	n.crictlFails("AlreadyExists", "runp", "--runtime", "cocoon", n.configFile("pod.json", pod))
+	if !strings.Contains(n.log(), "retrying in the background") {
+		t.Fatalf("the failed roll-back is not reported:\n%s", n.log())
+	}
+
+	// The plugin appears; the next try deletes the network and the record.
+	if err := os.WriteFile(filepath.Join(plugins, "e2e-late-plugin"), []byte("#!/bin/sh\nexit 0\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for len(n.netns()) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the roll-back was not retried: namespaces %v\n%s", n.netns(), n.log())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	for {
+		if _, err := n.crictl("runp", "--runtime", "cocoon", n.configFile("pod.json", pod)); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the pod's name is still taken after the roll-back\n%s", n.log())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// TestCorruptRecordIsQuarantinedAtStart: a state record that cannot be read does not keep the
+// daemon from starting: it is moved aside and reported (log, crictl info), and the other pods are
+// served as before.
+func TestCorruptRecordIsQuarantinedAtStart(t *testing.T) {
+	n := newNode(t)
+	good := n.mustCrictl("runp", "--runtime", "cocoon", n.configFile("good.json", n.podConfig("good", "uid-good")))
+	bad := n.mustCrictl("runp", "--runtime", "cocoon", n.configFile("bad.json", n.podConfig("bad", "uid-bad")))
+	n.stop()
+	db, err := bolt.Open(filepath.Join(n.stateDir, "cocoon-cri.db"), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error { return tx.Bucket([]byte("sandboxes")).Put([]byte(bad), []byte("{not json")) })
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	n.start()
+	if pods := n.mustCrictl("pods", "-q"); pods != good {
+		t.Fatalf("pods after the restart: %q, want only %s", pods, good)
+	}
+	if info := n.mustCrictl("info"); !strings.Contains(info, "quarantinedRecords") || !strings.Contains(info, bad) {
+		t.Fatalf("crictl info does not report the quarantined record:\n%s", info)
+	}
+	if !strings.Contains(n.log(), "quarantine") {
+		t.Fatalf("the quarantined record is not logged:\n%s", n.log())
 	}
 }
