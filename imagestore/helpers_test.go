@@ -53,6 +53,9 @@ func newTestNode(t testing.TB, opts PullOptions) *testNode {
 	cc := cocoon.New(cocoon.Options{
 		Binary: simulator, RootDir: filepath.Join(dir, "root"), RunDir: filepath.Join(dir, "run"), LogDir: filepath.Join(dir, "log"),
 	})
+	if opts.CredentialsDir == "" {
+		opts.CredentialsDir = filepath.Join(dir, "state", "pull-credentials")
+	}
 	svc, err := New(st, cc, slog.New(slog.NewTextHandler(t.Output(), nil)), Dirs{Root: filepath.Join(dir, "root"), Run: filepath.Join(dir, "run")}, opts)
 	if err != nil {
 		t.Fatal(err)

@@ -23,7 +23,7 @@ import (
 // are created from that same string.
 func (s *Service) pullOCIImage(ctx context.Context, art *artifact, creds Credentials) (*store.Image, error) {
 	localName := art.ref.Context().Digest(art.id).String()
-	config, remove, err := dockerConfig(art.ref.Context().Registry, creds)
+	config, remove, err := dockerConfig(s.pullOpts.CredentialsDir, art.ref.Context().Registry, creds)
 	if err != nil {
 		return nil, err
 	}
@@ -40,9 +40,26 @@ func (s *Service) pullOCIImage(ctx context.Context, art *artifact, creds Credent
 	return &store.Image{ID: art.id, Kind: store.ImageOCI, LocalName: localName, Size: pulled.Size, CreatedAt: time.Now().UnixNano()}, nil
 }
 
+// resetCredentialsDir makes the private directory of pull credentials, removing what a crash left
+// in it.
+func resetCredentialsDir(dir string) error {
+	if dir == "" {
+		return fmt.Errorf("no directory for registry credentials: set PullOptions.CredentialsDir")
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("empty the registry credentials directory: %w", err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("make the registry credentials directory: %w", err)
+	}
+	// MkdirAll leaves an existing parent's mode, and the umask may have widened this one.
+	return os.Chmod(dir, 0o700)
+}
+
 // dockerConfig writes the pull's credentials where cocoon's docker keychain reads them: a
-// private directory holding config.json, which remove deletes. An anonymous pull gets none.
-func dockerConfig(registry name.Registry, creds Credentials) (dir string, remove func(), err error) {
+// directory of its own in under (the private credentials directory) holding config.json, which
+// remove deletes. An anonymous pull gets none.
+func dockerConfig(under string, registry name.Registry, creds Credentials) (dir string, remove func(), err error) {
 	if creds == (Credentials{}) {
 		return "", func() {}, nil
 	}
@@ -61,7 +78,7 @@ func dockerConfig(registry name.Registry, creds Credentials) (dir string, remove
 	if err != nil {
 		return "", nil, err
 	}
-	dir, err = os.MkdirTemp("", "cocoon-cri-pull-auth-")
+	dir, err = os.MkdirTemp(under, "pull-")
 	if err != nil {
 		return "", nil, fmt.Errorf("credentials for cocoon: %w", err)
 	}

@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
 	"github.com/cocoonstack/cocoon-cri/test/registry"
@@ -364,5 +368,37 @@ func TestPullTellsHowItEnded(t *testing.T) {
 	}
 	if r := last(); !errors.Is(r.Err, ErrCorrupt) || r.Kind != store.ImageSnapshot || r.Present {
 		t.Fatalf("a pull that failed in the download: %+v", r)
+	}
+}
+
+// Registry credentials handed to cocoon for its own pull live in the private directory under the
+// state dir (0700), never in a shared temporary one, and only for the pull; what a crash left there
+// is removed when the service starts.
+func TestPullCredentialsStayPrivate(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "pull-credentials")
+	if err := os.MkdirAll(filepath.Join(dir, "pull-left-by-a-crash"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	n := newTestNode(t, PullOptions{CredentialsDir: dir})
+	if entries, err := os.ReadDir(dir); err != nil || len(entries) != 0 {
+		t.Fatalf("the credentials directory at start: %v, %v", entries, err)
+	}
+	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("the credentials directory: %v, %v", fi.Mode(), err)
+	}
+	reg, _ := name.NewRegistry("registry.example")
+	config, remove, err := dockerConfig(n.svc.pullOpts.CredentialsDir, reg, Credentials{Username: "puller", Password: "s3cret"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if filepath.Dir(config) != dir {
+		t.Fatalf("credentials written to %s, outside %s", config, dir)
+	}
+	if data, err := os.ReadFile(filepath.Join(config, "config.json")); err != nil || !strings.Contains(string(data), "registry.example") {
+		t.Fatalf("config.json: %s, %v", data, err)
+	}
+	remove()
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Fatalf("credentials left after the pull: %v", entries)
 	}
 }

@@ -45,6 +45,10 @@ type PullOptions struct {
 	// OnPulled, when set, is told about every pull that ended, from the pull's goroutine: once per
 	// download, however many requests shared it.
 	OnPulled func(PullResult)
+	// CredentialsDir holds, for the length of a pull, the registry credentials cocoon reads when it
+	// pulls an OCI VM image itself. Required: a private directory under cocoon-cri's state (made
+	// 0700, emptied at start), never a shared temporary directory.
+	CredentialsDir string
 }
 
 // PullResult is how a pull ended, as the OnPulled hook is told it.
@@ -80,6 +84,9 @@ type Service struct {
 func New(st *store.Store, cc *cocoon.Client, log *slog.Logger, dirs Dirs, pull PullOptions) (*Service, error) {
 	registry, err := newRegistryClient(pull.Insecure, pull.CAFile)
 	if err != nil {
+		return nil, err
+	}
+	if err := resetCredentialsDir(pull.CredentialsDir); err != nil {
 		return nil, err
 	}
 	s := &Service{store: st, cocoon: cc, log: log, dirs: dirs, registry: registry, pullOpts: pull}

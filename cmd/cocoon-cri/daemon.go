@@ -80,6 +80,7 @@ func runDaemon(parent context.Context, o *options) error {
 		Insecure:        o.registryInsecure,
 		CAFile:          o.registryCAFile,
 		ProgressTimeout: o.pullProgressTimeout,
+		CredentialsDir:  filepath.Join(o.stateDir, "pull-credentials"),
 		OnPulled: func(r imagestore.PullResult) {
 			m.ImagePulled(string(r.Kind), r.Took, r.Bytes, r.Present, r.Err)
 		},
