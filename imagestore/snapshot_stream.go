@@ -90,7 +90,9 @@ func snapshotEntryHeader(layer v1.Descriptor, file snapshotFile, modTime time.Ti
 	if !plainFileName(name) {
 		return nil, fmt.Errorf("snapshot layer %s has the title %q, not a file name: %w", layer.Digest, name, ErrInvalid)
 	}
-	hdr := &tar.Header{Typeflag: tar.TypeReg, Name: name, Size: layer.Size, Mode: cmp.Or(file.Mode, 0o640), ModTime: modTime}
+	// The mode comes from the registry: only permission bits pass, never setuid, setgid or sticky,
+	// whatever cocoon's extractor would make of them.
+	hdr := &tar.Header{Typeflag: tar.TypeReg, Name: name, Size: layer.Size, Mode: cmp.Or(file.Mode&0o777, 0o640), ModTime: modTime}
 	if file.SparseMap != "" {
 		if file.SparseSize <= 0 {
 			return nil, fmt.Errorf("snapshot file %s has a sparse map but no sparse size: %w", name, ErrInvalid)

@@ -7,7 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"testing"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
@@ -80,6 +84,19 @@ func TestSnapshotLayerTitlesMustBeFileNames(t *testing.T) {
 	for _, good := range []string{"config.json", "memory-range-0", "cow.raw", "cocoon-sim-guest.json"} {
 		if !plainFileName(good) {
 			t.Errorf("title %q refused", good)
+		}
+	}
+}
+
+// A registry's file modes reach cocoon's extractor as permission bits only: no setuid, setgid or
+// sticky bit, whatever the snapshot's config says.
+func TestSnapshotFileModesAreMasked(t *testing.T) {
+	layer := v1.Descriptor{Digest: v1.Hash{Algorithm: "sha256", Hex: strings.Repeat("a", 64)}, Size: 3,
+		Annotations: map[string]string{"org.opencontainers.image.title": "cow.raw"}}
+	for mode, want := range map[int64]int64{0o4755: 0o755, 0o2640: 0o640, 0o1777: 0o777, 0o7000: 0o640, 0: 0o640, 0o600: 0o600} {
+		hdr, err := snapshotEntryHeader(layer, snapshotFile{Mode: mode}, time.Time{})
+		if err != nil || hdr.Mode != want {
+			t.Errorf("mode %o: header mode %o, %v; want %o", mode, hdr.Mode, err, want)
 		}
 	}
 }
