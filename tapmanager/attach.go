@@ -14,6 +14,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/atomicfile"
 )
 
 // AttachPluginName is the CNI plugin type cocoon-cri serves: cocoon runs it (CNI ADD in the VM's
@@ -245,9 +247,8 @@ func writeHolder(path, nsPath string) error {
 	if path == "" {
 		return nil
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, []byte(nsPath+"\n"), 0o600); err != nil {
+	if err := atomicfile.Write(path, []byte(nsPath+"\n"), 0o600); err != nil {
 		return fmt.Errorf("record interface holder: %w", err)
 	}
-	return os.Rename(tmp, path)
+	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/cocoonstack/cocoon-cri/pkg/atomicfile"
 	"github.com/cocoonstack/cocoon-cri/pkg/faultpoint"
 )
 
@@ -98,11 +99,7 @@ func (m *Manager) PrepareCocoon(sandboxID, podNetNS string, result json.RawMessa
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("create %s: %w", dir, err)
 	}
-	path := filepath.Join(dir, CocoonNetwork+".conflist")
-	if err := os.WriteFile(path+".tmp", data, 0o644); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return os.Rename(path+".tmp", path)
+	return atomicfile.Write(filepath.Join(dir, CocoonNetwork+".conflist"), data, 0o644)
 }
 
 // RemoveCocoon deletes the sandbox's cocoon configuration; a missing one is fine.
