@@ -110,7 +110,7 @@ func (s *Server) askGuestPowerOff(ctx context.Context, sb *store.Sandbox, c *sto
 	case status.Code(err) == codes.FailedPrecondition:
 		return powerOffAnswer{why: err.Error()}
 	}
-	for processAlive(c.VM.PID) {
+	for vmAlive(c.VM.PID, c.VM) {
 		select {
 		case <-ctx.Done():
 			if err != nil {

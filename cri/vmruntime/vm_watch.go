@@ -13,6 +13,7 @@ import (
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
+	"github.com/cocoonstack/cocoon-cri/pkg/vmstats"
 )
 
 // Reasons a running container's VM ended outside cocoon-cri.
@@ -112,7 +113,7 @@ func (s *Server) checkRunning(ctx context.Context, vms []cocoon.VM) {
 	g.SetLimit(checkConcurrency)
 	for _, c := range s.store.Containers.List(func(c *store.Container) bool { return c.State == store.ContainerRunning }) {
 		vm, ok := byID[c.VM.ID]
-		if ok && vm.State == cocoon.VMStateRunning && processAlive(vm.PID) {
+		if ok && vm.State == cocoon.VMStateRunning && vmAlive(vm.PID, c.VM) {
 			continue
 		}
 		g.Go(func() error {
@@ -160,13 +161,18 @@ func (s *Server) checkVMEndedOnce(ctx context.Context, sandboxID, containerID, v
 	vm, err := s.cocoon.VMInspect(ctx, vmID)
 	// cocoon's liveness check is kill(pid, 0), which a hypervisor nobody reaped passes: it keeps
 	// calling such a VM running (docs/cocoon-contract.md section 7).
-	unreaped := err == nil && vm.State == cocoon.VMStateRunning && !processAlive(vm.PID)
+	// Nor can it tell its hypervisor from a later process given the same PID.
+	deadButRunning := err == nil && vm.State == cocoon.VMStateRunning && !vmAlive(vm.PID, c.VM)
 	var st exitStatus
 	switch {
-	case unreaped && !settled:
+	case deadButRunning && !settled:
 		return true
-	case unreaped:
-		st = exitStatus{killedExitCode, reasonVMCrashed, fmt.Sprintf("the hypervisor process (PID %d) ended unexpectedly; cocoon still reports it running because nothing reaped it", vm.PID)}
+	case deadButRunning:
+		why := "nothing reaped it"
+		if !zombie(vm.PID) && processAlive(vm.PID) {
+			why = "its PID now belongs to another process"
+		}
+		st = exitStatus{killedExitCode, reasonVMCrashed, fmt.Sprintf("the hypervisor process (PID %d) ended unexpectedly; cocoon still reports it running because %s", vm.PID, why)}
 	case errors.Is(err, cocoon.ErrNotFound):
 		st = exitStatus{killedExitCode, reasonVMGone, "the VM was removed from cocoon outside cocoon-cri"}
 	case err != nil:
@@ -206,6 +212,20 @@ func (s *Server) runningContainersOf(vmID string) []*store.Container {
 
 // processAlive reports whether pid names a live process (EPERM: alive, owned by someone else).
 // A zombie is not alive: it has exited, and only waits for a parent (or an init) to reap it.
+// vmAlive reports whether the hypervisor cocoon names by pid runs. When that is the process the
+// container's start recorded, it must be that very process, told by its start time: a PID is
+// reused once its process is gone, and cocoon's own check (kill(pid, 0)) cannot tell.
+func vmAlive(pid int, rec store.VM) bool {
+	if !processAlive(pid) {
+		return false
+	}
+	if pid != rec.PID || rec.PIDStart == 0 {
+		return true
+	}
+	start, err := vmstats.StartTicks(procRoot, pid)
+	return err == nil && start == rec.PIDStart
+}
+
 func processAlive(pid int) bool {
 	if pid <= 0 {
 		return false

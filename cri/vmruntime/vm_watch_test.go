@@ -6,6 +6,9 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/store"
+	"github.com/cocoonstack/cocoon-cri/pkg/vmstats"
 )
 
 // TestProcessAliveZombie: a process that has exited and waits to be reaped is not alive, although
@@ -45,5 +48,28 @@ func TestProcessAliveZombie(t *testing.T) {
 	}
 	if processAlive(0) || processAlive(-1) {
 		t.Fatal("processAlive of a non-PID: true")
+	}
+}
+
+// A hypervisor is recognised by its PID and start time: a live process that holds the recorded
+// PID but started at another time (the PID was reused) is not the container's VM.
+func TestVMAliveTellsAReusedPID(t *testing.T) {
+	pid := os.Getpid()
+	start, err := vmstats.StartTicks(procRoot, pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !vmAlive(pid, store.VM{PID: pid, PIDStart: start}) {
+		t.Fatal("the recorded process itself is not alive")
+	}
+	if vmAlive(pid, store.VM{PID: pid, PIDStart: start + 1}) {
+		t.Fatal("a process that reuses the recorded PID is taken for the VM")
+	}
+	if !vmAlive(pid, store.VM{PID: pid}) {
+		t.Fatal("a record without a start time (an older record) makes a live VM dead")
+	}
+	// PID 1 stands for a live process cocoon started anew.
+	if !vmAlive(1, store.VM{PID: pid, PIDStart: start + 1}) {
+		t.Fatal("a hypervisor cocoon started anew (another PID) is judged by the old one's start time")
 	}
 }
