@@ -4,6 +4,7 @@ package streaming
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -39,7 +40,13 @@ type LogWriter struct {
 	log          *slog.Logger
 	failed       int
 	lastWarnedAt time.Time
+	// closed: the container's IO stopped; a reopen racing with it must not open a file nobody
+	// closes.
+	closed bool
 }
+
+// ErrLogClosed: the container's log was closed (its IO stopped).
+var ErrLogClosed = errors.New("the container's log is closed: its IO has stopped")
 
 // logErrorInterval paces the warnings about failing log writes.
 const logErrorInterval = time.Minute
@@ -149,6 +156,9 @@ func (w *LogWriter) flush(out *bytes.Buffer) error {
 func (w *LogWriter) Reopen() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.closed {
+		return ErrLogClosed
+	}
 	if w.f != nil {
 		_ = w.f.Close()
 		w.f = nil
@@ -160,6 +170,7 @@ func (w *LogWriter) Reopen() error {
 func (w *LogWriter) Close() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.closed = true
 	var out bytes.Buffer
 	for _, stream := range []runtimeapi.LogStreamType{runtimeapi.Stdout, runtimeapi.Stderr} {
 		if rest := w.partial[stream]; len(rest) > 0 {

@@ -3,6 +3,7 @@ package streaming
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -169,5 +170,30 @@ func TestFullDiskLosesLinesNotTheContainer(t *testing.T) {
 	}
 	if n := strings.Count(warnings.String(), "container output is being lost"); n != 1 {
 		t.Fatalf("%d warnings for 100 failed writes, want 1:\n%s", n, warnings.String())
+	}
+}
+
+// A reopen that comes after the container's IO stopped (ReopenContainerLog racing with
+// StopContainer) opens nothing: no file is left open that nobody will close.
+func TestReopenAfterCloseOpensNothing(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "c.log")
+	w, err := OpenLog(path, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(path, path+".1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Reopen(); !errors.Is(err, ErrLogClosed) {
+		t.Fatalf("reopen after close: %v, want ErrLogClosed", err)
+	}
+	if w.f != nil {
+		t.Fatal("reopen after close left a file open")
+	}
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Fatalf("reopen after close made a new log file: %v", err)
 	}
 }

@@ -129,7 +129,9 @@ func (s *Server) ReopenContainerLog(_ context.Context, req *runtimeapi.ReopenCon
 	if cio == nil || cio.log == nil {
 		return nil, precondition("container %s writes no log (it has no log path)", c.ID)
 	}
-	if err := cio.log.Reopen(); err != nil {
+	if err := cio.log.Reopen(); errors.Is(err, streaming.ErrLogClosed) {
+		return nil, precondition("container %s is not running: %v", c.ID, err)
+	} else if err != nil {
 		return nil, err
 	}
 	return &runtimeapi.ReopenContainerLogResponse{}, nil
