@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/invoke"
@@ -38,15 +39,17 @@ type CNI struct {
 	confDir string
 	binDirs []string
 	cni     *libcni.CNIConfig
+	observe func(op string, took time.Duration, err error)
 }
 
 // NewCNI returns a CNI runner over the configuration files in confDir and the plugins in binDirs.
 // cacheDir holds libcni's record of each attachment, which DEL reads.
-func NewCNI(confDir string, binDirs []string, cacheDir string) *CNI {
+// observe, when set, is told how each ADD and DEL went.
+func NewCNI(confDir string, binDirs []string, cacheDir string, observe func(op string, took time.Duration, err error)) *CNI {
 	// An explicit exec: without one, libcni makes its default lazily on first use, and concurrent
 	// first uses race (seen with 50 RunPodSandbox at once).
 	pluginExec := &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}}
-	return &CNI{confDir: confDir, binDirs: binDirs, cni: libcni.NewCNIConfigWithCacheDir(binDirs, cacheDir, pluginExec)}
+	return &CNI{confDir: confDir, binDirs: binDirs, cni: libcni.NewCNIConfigWithCacheDir(binDirs, cacheDir, pluginExec), observe: observe}
 }
 
 // ConfDir is where the configuration is read from.
@@ -169,7 +172,9 @@ func protocolName(p runtimeapi.Protocol) string {
 
 // Add attaches the pod to the network and returns the result in CNI's current version.
 func (c *CNI) Add(ctx context.Context, list *libcni.NetworkConfigList, pod Pod) (*current.Result, error) {
+	start := time.Now()
 	res, err := c.cni.AddNetworkList(ctx, list, pod.runtimeConf())
+	c.observed("ADD", start, err)
 	if err != nil {
 		return nil, fmt.Errorf("CNI ADD to network %q: %w", list.Name, err)
 	}
@@ -193,11 +198,20 @@ func (c *CNI) Del(ctx context.Context, confList []byte, pod Pod) error {
 		rc.NetNS = ""
 	}
 	faultpoint.Hit("cni del/before")
-	if err := c.cni.DelNetworkList(ctx, list, rc); err != nil {
+	start := time.Now()
+	err = c.cni.DelNetworkList(ctx, list, rc)
+	c.observed("DEL", start, err)
+	if err != nil {
 		return fmt.Errorf("CNI DEL from network %q: %w", list.Name, err)
 	}
 	faultpoint.Hit("cni del/after")
 	return nil
+}
+
+func (c *CNI) observed(op string, start time.Time, err error) {
+	if c.observe != nil {
+		c.observe(op, time.Since(start), err)
+	}
 }
 
 // PodAddresses picks the pod's IPs out of a result, IPv4 first (the primary address the kubelet

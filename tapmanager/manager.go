@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/atomicfile"
 	"github.com/cocoonstack/cocoon-cri/pkg/faultpoint"
@@ -28,6 +29,8 @@ type Config struct {
 	StateDir string
 	// Plugin is the executable that serves the attach plugin (cocoon-cri itself).
 	Plugin string
+	// Observe, when set, is told the duration and outcome of every CNI ADD and DEL of a pod.
+	Observe func(op string, took time.Duration, err error)
 }
 
 // Manager owns pod networks: namespaces, the cluster's CNI, and the handover to cocoon.
@@ -42,7 +45,7 @@ type Manager struct {
 func NewManager(cfg Config) *Manager {
 	return &Manager{
 		NetNS:    NetNS{Dir: cfg.NetNSDir},
-		CNI:      NewCNI(cfg.ConfDir, cfg.BinDirs, filepath.Join(cfg.StateDir, "cache")),
+		CNI:      NewCNI(cfg.ConfDir, cfg.BinDirs, filepath.Join(cfg.StateDir, "cache"), cfg.Observe),
 		stateDir: cfg.StateDir,
 		plugin:   cfg.Plugin,
 	}

@@ -47,7 +47,7 @@ func newTestNetwork(t *testing.T, subnet string) *testNetwork {
 	if err := os.WriteFile(filepath.Join(n.confDir, "10-pods.conflist"), []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	n.cni = NewCNI(n.confDir, []string{debianPlugins}, filepath.Join(dir, "cache"))
+	n.cni = NewCNI(n.confDir, []string{debianPlugins}, filepath.Join(dir, "cache"), nil)
 	return n
 }
 
@@ -127,7 +127,7 @@ func addrsIn(t *testing.T, nsPath, name string) []string {
 
 func TestLoadPicksTheFirstLoadableNetwork(t *testing.T) {
 	dir := t.TempDir()
-	c := NewCNI(dir, []string{debianPlugins}, t.TempDir())
+	c := NewCNI(dir, []string{debianPlugins}, t.TempDir(), nil)
 	if _, err := c.Load(""); err == nil {
 		t.Fatal("an empty directory loaded")
 	}
@@ -153,7 +153,7 @@ func TestLoadPicksTheFirstLoadableNetwork(t *testing.T) {
 
 func TestReadyNeedsConfigAndPlugins(t *testing.T) {
 	dir := t.TempDir()
-	c := NewCNI(dir, []string{t.TempDir()}, t.TempDir())
+	c := NewCNI(dir, []string{t.TempDir()}, t.TempDir(), nil)
 	ctx := context.Background()
 	if err := c.Ready(ctx); err == nil {
 		t.Fatal("ready without configuration")
@@ -164,7 +164,7 @@ func TestReadyNeedsConfigAndPlugins(t *testing.T) {
 	if err := c.Ready(ctx); err == nil || !strings.Contains(err.Error(), "not usable") {
 		t.Fatalf("ready without plugins: %v", err)
 	}
-	if err := NewCNI(dir, []string{debianPlugins}, t.TempDir()).Ready(ctx); err != nil {
+	if err := NewCNI(dir, []string{debianPlugins}, t.TempDir(), nil).Ready(ctx); err != nil {
 		t.Fatalf("not ready with Debian's plugins: %v", err)
 	}
 }

@@ -98,6 +98,7 @@ func runDaemon(parent context.Context, o *options) error {
 		BinDirs:  o.cniBinDirs,
 		StateDir: filepath.Join(o.stateDir, "network"),
 		Plugin:   self,
+		Observe:  m.CNICall,
 	})
 	if err := nets.Init(); err != nil {
 		return err

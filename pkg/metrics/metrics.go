@@ -39,6 +39,8 @@ type Metrics struct {
 	rpcSeconds     *prometheus.HistogramVec
 	cocoonSeconds  *prometheus.HistogramVec
 	cocoonFailures *prometheus.CounterVec
+	cniSeconds     *prometheus.HistogramVec
+	cniFailures    *prometheus.CounterVec
 	pullSeconds    *prometheus.HistogramVec
 	pullBytes      *prometheus.CounterVec
 	orphans        prometheus.Gauge
@@ -78,6 +80,15 @@ func New(st *store.Store, version string) *Metrics {
 			Help: "cocoon commands that failed (non-zero exit, timeout, could not run), by subcommand. " +
 				"Some are expected and handled, such as vm rm of a VM already gone.",
 		}, []string{"subcommand"}),
+		cniSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "cni_call_duration_seconds",
+			Help:    "Time the cluster's CNI plugins took for a pod network, failed or not, by operation (ADD, DEL).",
+			Buckets: cocoonBuckets,
+		}, []string{"op"}),
+		cniFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "cni_call_failures_total",
+			Help: "CNI operations on pod networks that failed, by operation (ADD, DEL).",
+		}, []string{"op"}),
 		pullSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace, Name: "image_pull_duration_seconds",
 			Help:    "Time an image pull took, by artifact kind (snapshot, cloudimg, oci; unknown when it failed first) and result (success, present, failure).",
@@ -101,7 +112,7 @@ func New(st *store.Store, version string) *Metrics {
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.rpcs, m.rpcSeconds, m.cocoonSeconds, m.cocoonFailures, m.pullSeconds, m.pullBytes, m.orphans, m.watcherRestart,
+		m.rpcs, m.rpcSeconds, m.cocoonSeconds, m.cocoonFailures, m.cniSeconds, m.cniFailures, m.pullSeconds, m.pullBytes, m.orphans, m.watcherRestart,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "build_info",
 			Help:        "Always 1; the version label is cocoon-cri's version.",
@@ -119,6 +130,15 @@ func (m *Metrics) CocoonCall(subcommand string, took time.Duration, err error) {
 	m.cocoonSeconds.WithLabelValues(subcommand).Observe(took.Seconds())
 	if err != nil {
 		m.cocoonFailures.WithLabelValues(subcommand).Inc()
+	}
+}
+
+// CNICall records one CNI operation on a pod network; it has the signature of tapmanager's
+// Config.Observe.
+func (m *Metrics) CNICall(op string, took time.Duration, err error) {
+	m.cniSeconds.WithLabelValues(op).Observe(took.Seconds())
+	if err != nil {
+		m.cniFailures.WithLabelValues(op).Inc()
 	}
 }
 

@@ -70,6 +70,9 @@ func TestHooksAppearInTheExposition(t *testing.T) {
 	m.CocoonCall("vm rm", 10*time.Millisecond, errors.New("exit status 1"))
 	m.CocoonCall("vm rm", 10*time.Millisecond, nil)
 
+	m.CNICall("ADD", 200*time.Millisecond, nil)
+	m.CNICall("DEL", 50*time.Millisecond, errors.New("plugin gone"))
+
 	m.ImagePulled("snapshot", 3*time.Second, 4096, false, nil)
 	m.ImagePulled("snapshot", 20*time.Millisecond, 0, true, nil)
 	m.ImagePulled("cloudimg", 2*time.Second, 100, false, errors.New("stalled"))
@@ -89,6 +92,9 @@ func TestHooksAppearInTheExposition(t *testing.T) {
 		`cocoon_cri_cocoon_call_duration_seconds_bucket{subcommand="vm clone",le="2.5"}`: "1",
 		`cocoon_cri_cocoon_call_duration_seconds_count{subcommand="vm rm"}`:              "2",
 		`cocoon_cri_cocoon_call_failures_total{subcommand="vm rm"}`:                      "1",
+		`cocoon_cri_cni_call_duration_seconds_count{op="ADD"}`:                           "1",
+		`cocoon_cri_cni_call_duration_seconds_bucket{op="ADD",le="0.25"}`:                "1",
+		`cocoon_cri_cni_call_failures_total{op="DEL"}`:                                   "1",
 		`cocoon_cri_image_pull_duration_seconds_count{kind="snapshot",result="success"}`: "1",
 		`cocoon_cri_image_pull_duration_seconds_count{kind="snapshot",result="present"}`: "1",
 		`cocoon_cri_image_pull_duration_seconds_count{kind="cloudimg",result="failure"}`: "1",

@@ -69,6 +69,7 @@ func TestMetrics(t *testing.T) {
 		`cocoon_cri_rpc_duration_seconds_count{method="StartContainer",` + rt + `}`,
 		`cocoon_cri_cocoon_call_duration_seconds_count{subcommand="vm clone"}`,
 		`cocoon_cri_cocoon_call_duration_seconds_count{subcommand="snapshot import"}`,
+		`cocoon_cri_cni_call_duration_seconds_count{op="ADD"}`,
 		`cocoon_cri_image_pull_duration_seconds_count{kind="snapshot",result="success"}`,
 		`cocoon_cri_image_pull_bytes_total{kind="snapshot"}`,
 	}
