@@ -8,7 +8,6 @@ import (
 	"strings"
 
 	"github.com/containernetworking/cni/libcni"
-	"k8s.io/apimachinery/pkg/api/resource"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/faultpoint"
@@ -28,7 +27,7 @@ func (s *Server) RunPodSandbox(ctx context.Context, req *runtimeapi.RunPodSandbo
 	}
 	if s.cfg.MaxStorage > 0 && vmOpts.Storage > s.cfg.MaxStorage {
 		return nil, invalid("annotation %s=%s is above the %s this node allows a VM disk (--max-storage)",
-			AnnotationStorage, cfg.GetAnnotations()[AnnotationStorage], resource.NewQuantity(s.cfg.MaxStorage, resource.BinarySI))
+			AnnotationStorage, cfg.GetAnnotations()[AnnotationStorage], quantity(s.cfg.MaxStorage))
 	}
 	name := sandboxName(cfg.GetMetadata())
 	if holder, ok := s.store.Sandboxes.Lookup(store.SandboxNameKey(name)); ok {

@@ -26,7 +26,7 @@ func statsServer(t *testing.T) (*Server, string) {
 	st := storetest.Open(t)
 	runDir := filepath.Join(dir, "run")
 	cc := cocoon.New(cocoon.Options{Binary: "/nonexistent/cocoon"})
-	images, err := imagestore.New(st, cc, slog.New(slog.DiscardHandler), imagestore.Dirs{Root: dir, Run: runDir}, imagestore.PullOptions{})
+	images, err := imagestore.New(st, cc, slog.New(slog.DiscardHandler), imagestore.Dirs{Root: dir, Run: runDir}, imagestore.PullOptions{CredentialsDir: filepath.Join(dir, "pull-credentials")})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package vmruntime
 import (
 	"fmt"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
@@ -40,6 +41,17 @@ func (s *Server) planVM(id string, cfg *runtimeapi.ContainerConfig, sb *store.Sa
 		if snap.NICs > 1 {
 			return vm, invalid("image %s is a snapshot of a VM with %d NICs; a pod has one network interface, so its VM must have one NIC",
 				img.RepoTags, snap.NICs)
+		}
+		// A restored guest has its snapshot's memory and cannot shrink: in a pod cgroup limited below
+		// it, the hypervisor would be OOM-killed as the guest touches its memory.
+		if limit := cfg.GetLinux().GetResources().GetMemoryLimitInBytes(); limit > 0 && snap.Memory > limit {
+			return vm, invalid("image %s is a snapshot of a VM with %s of memory, more than the container's memory limit of %s: "+
+				"a restored VM cannot shrink; raise the limit to at least %s or use a smaller snapshot",
+				img.RepoTags, quantity(snap.Memory), quantity(limit), quantity(snap.Memory))
+		}
+		if s.cfg.MaxStorage > 0 && snap.Storage > s.cfg.MaxStorage {
+			return vm, invalid("image %s is a snapshot of a VM with a %s disk, above the %s this node allows (--max-storage)",
+				img.RepoTags, quantity(snap.Storage), quantity(s.cfg.MaxStorage))
 		}
 		vm.Mode = store.VMClone
 		vm.Backend = snap.Hypervisor
@@ -91,6 +103,11 @@ func (s *Server) planVM(id string, cfg *runtimeapi.ContainerConfig, sb *store.Sa
 	vm.Memory = max(roundUpMiB(vm.Memory), MinMemory)
 	vm.Storage = max(vm.Storage, MinStorage)
 	return vm, nil
+}
+
+// quantity writes bytes as Kubernetes does (1Gi, 1536Mi).
+func quantity(bytes int64) string {
+	return resource.NewQuantity(bytes, resource.BinarySI).String()
 }
 
 // requestedSize reads vCPUs and memory bytes from the container's resources; 0 means unset.

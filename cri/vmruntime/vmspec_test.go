@@ -83,15 +83,30 @@ func TestBootSizeComesFromLimits(t *testing.T) {
 	}
 }
 
+// A clone never shrinks below its snapshot: fewer CPUs than it has only throttle it, so it keeps its
+// vCPUs; a memory limit below its memory would get it OOM-killed, so that is refused, as is a
+// snapshot disk above --max-storage.
 func TestCloneNeverShrinksBelowTheSnapshot(t *testing.T) {
 	s := testServer()
-	small := &runtimeapi.LinuxContainerResources{CpuQuota: 100000, CpuPeriod: 100000, MemoryLimitInBytes: 1 << 30}
-	vm, err := s.planVM(id64, container(small), podSandbox(nil), chSnapshot, true)
+	fewCPUs := &runtimeapi.LinuxContainerResources{CpuQuota: 100000, CpuPeriod: 100000, MemoryLimitInBytes: 2 << 30}
+	vm, err := s.planVM(id64, container(fewCPUs), podSandbox(nil), chSnapshot, true)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if vm.Mode != store.VMClone || vm.CPU != 2 || vm.Memory != 2<<30 || vm.Storage != 20<<30 || !vm.OnDemand {
 		t.Fatalf("got %+v", vm)
+	}
+	for _, resizes := range []bool{true, false} {
+		small := &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 1 << 30}
+		_, err = s.planVM(id64, container(small), podSandbox(nil), chSnapshot, resizes)
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "raise the limit to at least 2Gi") {
+			t.Fatalf("a memory limit below the snapshot's memory (resize %v): %v", resizes, err)
+		}
+	}
+	capped := testServer()
+	capped.cfg.MaxStorage = 15 << 30
+	if _, err = capped.planVM(id64, container(nil), podSandbox(nil), chSnapshot, true); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "--max-storage") {
+		t.Fatalf("a snapshot disk above --max-storage: %v", err)
 	}
 	big := &runtimeapi.LinuxContainerResources{CpuQuota: 300000, CpuPeriod: 100000, MemoryLimitInBytes: 4 << 30}
 	vm, err = s.planVM(id64, container(big), podSandbox(map[string]string{AnnotationStorage: "30Gi"}), chSnapshot, true)

@@ -99,6 +99,8 @@ func TestBadInputsAreRefusedAndChangeNothing(t *testing.T) {
 			}), podFile}, "is not an environment variable name"},
 		{"a relative working directory", "InvalidArgument", []string{"create", "--no-pull", podID,
 			ctrVariant("reldir", func(c *runtimeapi.ContainerConfig) { c.WorkingDir = "srv/app" }), podFile}, "must be an absolute path"},
+		{"a memory limit below the snapshot's memory", "InvalidArgument", []string{"create", "--no-pull", podID,
+			ctrVariant("smallmem", func(c *runtimeapi.ContainerConfig) { c.Linux.Resources.MemoryLimitInBytes = 256 << 20 }), podFile}, "a restored VM cannot shrink"},
 		{"an OOM score out of range", "InvalidArgument", []string{"create", "--no-pull", podID,
 			ctrVariant("oom", func(c *runtimeapi.ContainerConfig) { c.Linux.Resources.OomScoreAdj = 1001 }), podFile}, "oom_score_adj"},
 		{"a host device", "InvalidArgument", []string{"create", "--no-pull", podID,
