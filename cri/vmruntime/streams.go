@@ -9,6 +9,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -209,10 +210,12 @@ func (r streamRuntime) Attach(ctx context.Context, containerID string, in io.Rea
 		return precondition("container %s is not running", c.ID)
 	}
 	var copies sync.WaitGroup
+	following := false
 	follow := func(sub func() (<-chan []byte, func()), w io.Writer) {
 		if w == nil {
 			return
 		}
+		following = true
 		ch, stop := sub()
 		context.AfterFunc(ctx, stop)
 		copies.Go(func() {
@@ -239,13 +242,52 @@ func (r streamRuntime) Attach(ctx context.Context, containerID string, in io.Rea
 		stdin = cio.console
 	}
 	if in != nil && stdin != nil {
+		input := newSessionInput(stdin, inputDone)
+		// The copy ends at the client's next read once the session is over: the stream server closes
+		// the connection when Attach returns. Until then nothing more reaches the container.
+		defer input.end()
+		finished := make(chan struct{})
 		go func() {
-			_, _ = io.Copy(stdin, in)
-			inputDone()
+			defer close(finished)
+			_, _ = io.Copy(input, in)
+			input.end()
 		}()
+		if !following {
+			// An input-only session lasts as long as its input.
+			select {
+			case <-finished:
+			case <-ctx.Done():
+			}
+		}
 	}
 	copies.Wait()
 	return nil
+}
+
+// sessionInput passes an attach session's input on for as long as the session lasts: what the
+// client sends after it ended is dropped, and its end (which closes a StdinOnce container's stdin)
+// is reported once, at the first of the client closing its input and the session ending.
+type sessionInput struct {
+	w     io.Writer
+	ended atomic.Bool
+	once  sync.Once
+	done  func()
+}
+
+func newSessionInput(w io.Writer, done func()) *sessionInput {
+	return &sessionInput{w: w, done: done}
+}
+
+func (s *sessionInput) Write(p []byte) (int, error) {
+	if s.ended.Load() {
+		return 0, io.ErrClosedPipe
+	}
+	return s.w.Write(p)
+}
+
+func (s *sessionInput) end() {
+	s.ended.Store(true)
+	s.once.Do(s.done)
 }
 
 // PortForward connects the stream to the port on the pod IP, from the node; each direction closes
