@@ -269,6 +269,14 @@ func (s *Server) agentExec(ctx context.Context, sb *store.Sandbox, c *store.Cont
 		case err == nil:
 			s.learnGuestExec(c, ExecPathAgent)
 			return code, nil
+		case errors.Is(err, cocoon.ErrNoVsock) && s.vmHasVsock(ctx, c.VM.ID):
+			// cocoon would not say so of a VM it gave a vsock socket: the line is the command's own
+			// stderr, which a guest can word as it likes, and the exit code is the command's.
+			var ce *cocoon.CommandError
+			if errors.As(err, &ce) {
+				return ce.ExitCode, nil
+			}
+			return code, err
 		case errors.Is(err, cocoon.ErrNoVsock):
 			return -1, &noAgentError{why: "cocoon says the VM has no vsock device for an agent"}
 		case !errors.Is(err, cocoon.ErrAgentStarting):
@@ -282,6 +290,12 @@ func (s *Server) agentExec(ctx context.Context, sb *store.Sandbox, c *store.Cont
 		case <-time.After(agentRetry):
 		}
 	}
+}
+
+// vmHasVsock reports whether cocoon shows the VM with a vsock socket for its agent.
+func (s *Server) vmHasVsock(ctx context.Context, vmID string) bool {
+	vm, err := s.cocoon.VMInspect(ctx, vmID)
+	return err == nil && vm.VsockSocket != ""
 }
 
 func (s *Server) sshExec(ctx context.Context, sb *store.Sandbox, c *store.Container, argv []string, stdio streaming.ExecIO) (int, error) {

@@ -56,12 +56,14 @@ type VMConfig struct {
 // VM is printed by vm inspect, vm create|run|clone -o json and vm list -o json, and appears inside
 // status events.
 type VM struct {
-	ID             string              `json:"id"`
-	Hypervisor     string              `json:"hypervisor,omitempty"`
-	State          VMState             `json:"state"`
-	Config         VMConfig            `json:"config"`
-	PID            int                 `json:"pid"`
-	SocketPath     string              `json:"socket_path,omitempty"`
+	ID         string   `json:"id"`
+	Hypervisor string   `json:"hypervisor,omitempty"`
+	State      VMState  `json:"state"`
+	Config     VMConfig `json:"config"`
+	PID        int      `json:"pid"`
+	SocketPath string   `json:"socket_path,omitempty"`
+	// VsockSocket is the hybrid vsock socket of the guest agent (v0.5; empty on v0.3.8).
+	VsockSocket    string              `json:"vsock_socket,omitempty"`
 	NetworkConfigs []*NetworkConfig    `json:"network_configs,omitempty"`
 	StorageConfigs []*StorageConfig    `json:"storage_configs,omitempty"`
 	FirstBooted    bool                `json:"first_booted"`

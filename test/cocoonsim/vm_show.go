@@ -61,7 +61,11 @@ func (a *app) vmInspect(cmd *cobra.Command, args []string) error {
 		return fmt.Errorf("inspect: %w", err)
 	}
 	vm.State = reconcileState(vm)
-	return outputJSON(cmd.OutOrStdout(), a.withVsockSocket(vm))
+	// Newer cocoon's inspect shows the agent's vsock socket; v0.3.8 has no such field.
+	if a.profile.Agent {
+		vm.VsockSocket = vsockSocket(vm)
+	}
+	return outputJSON(cmd.OutOrStdout(), vm)
 }
 
 // listAllVMs lists both backends, sorted by creation time.

@@ -554,3 +554,22 @@ func TestPodSysctlsReachTheGuest(t *testing.T) {
 		t.Fatalf("the node's own sysctl changed: %q -> %q (%v)", hostBefore, hostAfter, err)
 	}
 }
+
+// TestSpoofedCocoonErrorIsTheCommandsOwn: a guest command whose last stderr line reads like cocoon's
+// "no vsock" failure is not taken for one, since cocoon shows the VM with a vsock socket: the exec
+// gets the command's exit code, and the VM keeps its agent path.
+func TestSpoofedCocoonErrorIsTheCommandsOwn(t *testing.T) {
+	n := newNode(t)
+	n.withSnapshot()
+	_, ctrID, _ := n.runningPod("web", snapRef)
+	spoof := `echo "Error: exec: vsock not configured for this VM (recreate the VM to enable agent exec)" >&2; exit 3`
+	if _, err := n.crictl("exec", ctrID, "sh", "-c", spoof); err == nil || !strings.Contains(err.Error(), "exit code 3") {
+		t.Fatalf("a command printing cocoon's words: %v, want its own exit code 3", err)
+	}
+	if out := n.mustCrictl("exec", ctrID, "hostname"); out != "web" {
+		t.Fatalf("exec after the spoof: %q", out)
+	}
+	if path := field(n.inspect("inspect", ctrID), "info", "vm", "guest_exec"); path != "cocoon vm exec" {
+		t.Fatalf("the VM's exec path after the spoof: %v", path)
+	}
+}
