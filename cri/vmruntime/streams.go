@@ -33,9 +33,9 @@ func (s *Server) ServeStreams(addr string) (*streaming.Server, error) {
 	return srv, nil
 }
 
-// maxExecSyncOutput bounds what ExecSync keeps of each stream, as containerd does: a probe is not
-// a way to copy files.
-const maxExecSyncOutput = 16 << 20
+// maxExecSyncOutput bounds what ExecSync keeps of each stream: a probe is not a way to copy files,
+// and both streams together must fit the kubelet's 16 MiB gRPC messages.
+const maxExecSyncOutput = 7 << 20
 
 // ExecSync runs a command in the guest and returns its output and exit code. Past its timeout the
 // command is killed and the RPC fails.

@@ -405,10 +405,15 @@ func processAlive(pid int) bool {
 	return len(fields) > 0 && fields[0] != "Z"
 }
 
-// clients connects to the node's CRI services directly, for requests crictl cannot make.
+// kubeletMaxMessage is the largest gRPC message the kubelet's CRI client sends or receives.
+const kubeletMaxMessage = 16 << 20
+
+// clients connects to the node's CRI services directly, for requests crictl cannot make, with the
+// kubelet's message size limits.
 func (n *node) clients() (runtimeapi.RuntimeServiceClient, runtimeapi.ImageServiceClient) {
 	n.t.Helper()
-	conn, err := grpc.NewClient("unix://"+n.socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("unix://"+n.socket, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(kubeletMaxMessage), grpc.MaxCallSendMsgSize(kubeletMaxMessage)))
 	if err != nil {
 		n.t.Fatal(err)
 	}

@@ -131,6 +131,12 @@ func TestExecSyncAPI(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+	// A command that floods both streams: each is cut, and the answer still fits the kubelet's
+	// messages.
+	resp, err = rt.ExecSync(ctx, &runtimeapi.ExecSyncRequest{ContainerId: ctrID, Cmd: []string{"sh", "-c", "head -c 41943040 /dev/zero; head -c 41943040 /dev/zero >&2"}, Timeout: 60})
+	if err != nil || len(resp.GetStdout()) != 7<<20 || len(resp.GetStderr()) != 7<<20 || resp.GetExitCode() != 0 {
+		t.Fatalf("ExecSync of 40 MiB per stream: %d and %d bytes, exit %d, %v; want 7 MiB of each", len(resp.GetStdout()), len(resp.GetStderr()), resp.GetExitCode(), err)
+	}
 	if _, err := rt.ExecSync(ctx, &runtimeapi.ExecSyncRequest{ContainerId: ctrID}); status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("ExecSync without a command: %v", err)
 	}
