@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -105,24 +106,7 @@ func TestRecoveryRollsBackAnInterruptedRunPodSandbox(t *testing.T) {
 	n := newNode(t)
 	pod := n.podConfig("web", "uid-web")
 	n.stop()
-
-	st, err := store.Open(filepath.Join(n.stateDir, "cocoon-cri.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	nets := &tapmanager.NetNS{Dir: n.netnsDir}
-	id := strings.Repeat("c", 64)
-	half := &store.Sandbox{
-		ID: id, Name: "web_default_uid-web_0", State: store.SandboxCreating, RuntimeHandler: "cocoon",
-		Config: store.Proto[*runtimeapi.PodSandboxConfig]{Msg: pod}, NetNS: nets.NetNSPath(id),
-	}
-	if err := st.Sandboxes.Create(half); err != nil {
-		t.Fatal(err)
-	}
-	st.Close()
-	if err := nets.CreateNetNS(half.NetNS); err != nil {
-		t.Fatal(err)
-	}
+	id := n.plantHalfMadeSandbox(pod, nil)
 
 	n.start()
 	if ns := n.netns(); len(ns) != 0 {
@@ -145,26 +129,8 @@ func TestStartupServesDespiteAFailingRollback(t *testing.T) {
 	n := newNode(t, "--cni-bin-dir", plugins)
 	pod := n.podConfig("web", "uid-web")
 	n.stop()
-
-	st, err := store.Open(filepath.Join(n.stateDir, "cocoon-cri.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	nets := &tapmanager.NetNS{Dir: n.netnsDir}
-	id := strings.Repeat("d", 64)
 	// Added to a network whose plugin the node does not have (yet): its DEL fails.
-	half := &store.Sandbox{
-		ID: id, Name: "web_default_uid-web_0", State: store.SandboxCreating, RuntimeHandler: "cocoon",
-		Config: store.Proto[*runtimeapi.PodSandboxConfig]{Msg: pod}, NetNS: nets.NetNSPath(id),
-		Network: &store.PodNetwork{ConfList: json.RawMessage(`{"cniVersion": "1.0.0", "name": "gone", "plugins": [{"type": "e2e-late-plugin"}]}`)},
-	}
-	if err := st.Sandboxes.Create(half); err != nil {
-		t.Fatal(err)
-	}
-	st.Close()
-	if err := nets.CreateNetNS(half.NetNS); err != nil {
-		t.Fatal(err)
-	}
+	n.plantHalfMadeSandbox(pod, &store.PodNetwork{ConfList: json.RawMessage(`{"cniVersion": "1.0.0", "name": "gone", "plugins": [{"type": "e2e-late-plugin"}]}`)})
 
 	n.start()
 	if out := n.mustCrictl("version"); !strings.Contains(out, "cocoon-cri") {
@@ -227,4 +193,30 @@ func TestCorruptRecordIsQuarantinedAtStart(t *testing.T) {
 	if !strings.Contains(n.log(), "quarantine") {
 		t.Fatalf("the quarantined record is not logged:\n%s", n.log())
 	}
+}
+
+// plantHalfMadeSandbox leaves, on a stopped node, what a crash in the middle of RunPodSandbox
+// leaves: a record that says creating (with the network it was being added to, if any) and its
+// namespace. It returns the sandbox's ID.
+func (n *node) plantHalfMadeSandbox(pod *runtimeapi.PodSandboxConfig, network *store.PodNetwork) string {
+	n.t.Helper()
+	st, err := store.Open(filepath.Join(n.stateDir, "cocoon-cri.db"))
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	nets := &tapmanager.NetNS{Dir: n.netnsDir}
+	id := strings.Repeat("c", 64)
+	half := &store.Sandbox{
+		ID: id, State: store.SandboxCreating, RuntimeHandler: "cocoon", NetNS: nets.NetNSPath(id), Network: network,
+		Name:   fmt.Sprintf("%s_%s_%s_%d", pod.Metadata.Name, pod.Metadata.Namespace, pod.Metadata.Uid, pod.Metadata.Attempt),
+		Config: store.Proto[*runtimeapi.PodSandboxConfig]{Msg: pod},
+	}
+	if err := st.Sandboxes.Create(half); err != nil {
+		n.t.Fatal(err)
+	}
+	st.Close()
+	if err := nets.CreateNetNS(half.NetNS); err != nil {
+		n.t.Fatal(err)
+	}
+	return id
 }
