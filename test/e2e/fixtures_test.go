@@ -132,9 +132,17 @@ func stubbornSnapshot() testimage.SnapshotOptions {
 // the pod config file (for more containers).
 func (n *node) runningPod(name, image string) (podID, ctrID, podFile string) {
 	n.t.Helper()
+	return n.runningPodWith(name, image, func(*runtimeapi.ContainerConfig) {})
+}
+
+// runningPodWith is runningPod with the container's config changed first.
+func (n *node) runningPodWith(name, image string, change func(*runtimeapi.ContainerConfig)) (podID, ctrID, podFile string) {
+	n.t.Helper()
 	podFile = n.configFile(name+"-pod.json", n.podConfig(name, "uid-"+name))
 	podID = n.mustCrictl("runp", "--runtime", "cocoon", podFile)
-	ctrID = n.mustCrictl("create", "--no-pull", podID, n.configFile(name+"-ctr.json", containerConfig("app", image)), podFile)
+	cfg := containerConfig("app", image)
+	change(cfg)
+	ctrID = n.mustCrictl("create", "--no-pull", podID, n.configFile(name+"-ctr.json", cfg), podFile)
 	n.mustCrictl("start", ctrID)
 	return podID, ctrID, podFile
 }

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim"
 )
 
@@ -434,11 +436,7 @@ func makePodCgroup(t *testing.T, cgroup string) []string {
 func TestVMTakesTheContainersOOMScore(t *testing.T) {
 	n := newNode(t)
 	n.withSnapshot()
-	podFile := n.configFile("oom-pod.json", n.podConfig("oom", "uid-oom"))
-	podID := n.mustCrictl("runp", "--runtime", "cocoon", podFile)
-	cfg := containerConfig("app", snapRef)
-	cfg.Linux.Resources.OomScoreAdj = 777
-	ctrID := n.startContainer(podID, podFile, cfg)
+	_, ctrID, _ := n.runningPodWith("oom", snapRef, func(c *runtimeapi.ContainerConfig) { c.Linux.Resources.OomScoreAdj = 777 })
 	score, err := os.ReadFile(fmt.Sprintf("/proc/%d/oom_score_adj", n.vmPID(ctrID)))
 	if err != nil || strings.TrimSpace(string(score)) != "777" {
 		t.Fatalf("the hypervisor's oom_score_adj: %q, %v", score, err)

@@ -503,19 +503,17 @@ func TestEnvAndWorkingDirReachTheGuest(t *testing.T) {
 func checkEnvAndWorkingDir(t *testing.T, n *node, image string) {
 	// The simulated guest sees the host's files: the directory is made under the test's own.
 	dir := filepath.Join(t.TempDir(), "work dir", "app")
-	podFile := n.configFile("env-pod.json", n.podConfig("env", "uid-env"))
-	podID := n.mustCrictl("runp", "--runtime", "cocoon", podFile)
-	cfg := containerConfig("app", image)
-	cfg.WorkingDir = dir
-	cfg.Envs = []*runtimeapi.KeyValue{
-		{Key: "GREETING", Value: []byte("hello")},
-		{Key: "QUOTED", Value: []byte(`it's "$HOME"; exit 7`)},
-		{Key: "dotted.name", Value: []byte("dots")},
-		{Key: "GREETING", Value: []byte("hello again")},
-	}
 	show := `printf '%s|%s|%s\n' "$(pwd)" "$GREETING" "$QUOTED"`
-	cfg.Command = []string{"sh", "-c", show + "; env | grep -c '^dotted' || true; exec sleep 600"}
-	ctrID := n.startContainer(podID, podFile, cfg)
+	_, ctrID, _ := n.runningPodWith("env", image, func(cfg *runtimeapi.ContainerConfig) {
+		cfg.WorkingDir = dir
+		cfg.Envs = []*runtimeapi.KeyValue{
+			{Key: "GREETING", Value: []byte("hello")},
+			{Key: "QUOTED", Value: []byte(`it's "$HOME"; exit 7`)},
+			{Key: "dotted.name", Value: []byte("dots")},
+			{Key: "GREETING", Value: []byte("hello again")},
+		}
+		cfg.Command = []string{"sh", "-c", show + "; env | grep -c '^dotted' || true; exec sleep 600"}
+	})
 	want := dir + `|hello again|it's "$HOME"; exit 7`
 
 	// The main command's own shell drops "dotted.name" (a POSIX shell keeps shell names only, as
