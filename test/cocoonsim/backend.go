@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
 )
 
 // Runtime file names inside a VM's run directory.
@@ -89,6 +90,9 @@ func consoleSockPath(runDir string) string { return filepath.Join(runDir, consol
 
 // runtimeFiles are removed before a start and after a stop.
 func (b *backend) runtimeFiles() []string {
+	if b.kind == kindFC {
+		return []string{apiSocketName, b.kind.pidFile, consoleSockName, guest.VsockSocketName}
+	}
 	return []string{apiSocketName, b.kind.pidFile, consoleSockName, cmdlineFileName}
 }
 

@@ -31,12 +31,15 @@ type chAPIError struct {
 
 func (e *chAPIError) Error() string { return e.Message }
 
+// chClient talks to a hypervisor's REST API on its unix socket: cloud-hypervisor's under
+// /api/v1/, or Firecracker's at the root (newFCClient).
 type chClient struct {
-	hc *http.Client
+	hc     *http.Client
+	prefix string
 }
 
 func newCHClient(socketPath string) *chClient {
-	return &chClient{hc: &http.Client{
+	return &chClient{prefix: "/api/v1/", hc: &http.Client{
 		Timeout: chHTTPTimeout,
 		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
@@ -46,7 +49,7 @@ func newCHClient(socketPath string) *chClient {
 }
 
 func (c *chClient) do(ctx context.Context, method, endpoint string, body []byte, want int) ([]byte, error) {
-	url := "http://localhost/api/v1/" + endpoint
+	url := "http://localhost" + c.prefix + endpoint
 	var reqBody io.Reader
 	if body != nil {
 		reqBody = bytes.NewReader(body)
@@ -75,6 +78,11 @@ func (c *chClient) do(ctx context.Context, method, endpoint string, body []byte,
 
 // action PUTs an action endpoint with retries; extra success codes are accepted too.
 func (c *chClient) action(ctx context.Context, endpoint string, body any, success ...int) error {
+	return c.send(ctx, http.MethodPut, endpoint, body, success...)
+}
+
+// send makes a request with retries on transient failures; extra success codes are accepted too.
+func (c *chClient) send(ctx context.Context, method, endpoint string, body any, success ...int) error {
 	var payload []byte
 	if body != nil {
 		var err error
@@ -87,7 +95,7 @@ func (c *chClient) action(ctx context.Context, endpoint string, body any, succes
 	}
 	var lastErr error
 	for attempt := 0; attempt <= chMaxRetries; attempt++ {
-		_, err := c.do(ctx, http.MethodPut, endpoint, payload, success[0])
+		_, err := c.do(ctx, method, endpoint, payload, success[0])
 		var apiErr *chAPIError
 		if err == nil || (errors.As(err, &apiErr) && slices.Contains(success[1:], apiErr.Code)) {
 			return nil

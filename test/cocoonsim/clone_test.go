@@ -184,9 +184,14 @@ func TestCloudImageCloneServesSerialSocket(t *testing.T) {
 	}
 }
 
+// readLog reads a VM's hypervisor log: cloud-hypervisor's or Firecracker's.
 func readLog(t *testing.T, s *sim, vmID string) string {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(s.log, "cloudhypervisor", vmID, "cloud-hypervisor.log"))
+	logs, _ := filepath.Glob(filepath.Join(s.log, "*", vmID, "*.log"))
+	if len(logs) != 1 {
+		t.Fatalf("hypervisor logs of %s: %v", vmID, logs)
+	}
+	data, err := os.ReadFile(logs[0])
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -270,22 +270,29 @@ func processAlive(pid int) bool {
 // vmInfo asks the guest's API socket for vm.info.
 func vmInfo(t *testing.T, socket string) map[string]any {
 	t.Helper()
+	code, body := apiGet(t, socket, "/api/v1/vm.info")
+	if code != http.StatusOK {
+		t.Fatalf("vm.info: %d %s", code, body)
+	}
+	return decode[map[string]any](t, body)
+}
+
+// apiGet GETs path from a hypervisor's API socket.
+func apiGet(t *testing.T, socket, path string) (int, string) {
+	t.Helper()
 	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
 			return d.DialContext(ctx, "unix", socket)
 		},
 	}}
-	resp, err := hc.Get("http://localhost/api/v1/vm.info")
+	resp, err := hc.Get("http://localhost" + path)
 	if err != nil {
-		t.Fatalf("vm.info: %v", err)
+		t.Fatal(err)
 	}
 	defer resp.Body.Close() //nolint:errcheck
 	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("vm.info: %d %s", resp.StatusCode, body)
-	}
-	return decode[map[string]any](t, string(body))
+	return resp.StatusCode, string(body)
 }
 
 // readUntil reads r until want appears or patience runs out and returns what it read.

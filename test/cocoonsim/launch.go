@@ -23,9 +23,6 @@ const (
 	balloonDivisor       = 4
 )
 
-// errFirecrackerNotSimulated is returned where a Firecracker VM would have to run.
-var errFirecrackerNotSimulated = errors.New("cocoon-sim: the firecracker backend is not simulated (cloud-hypervisor only)")
-
 // buildVMConfig is the cloud-hypervisor configuration cocoon derives from a record for a cold
 // boot: a PTY console for direct boot, the serial socket for UEFI.
 func (b *backend) buildVMConfig(rec *vmRecord) *guest.VMConfig {
@@ -91,16 +88,32 @@ func storageConfigToDisk(sc *cocoon.StorageConfig, cpu, diskQueueSize int, noDir
 }
 
 // launch starts the hypervisor process for rec with args, records its PID and waits for its API
-// socket, like cocoon's launchProcess. The process log is recreated on every launch.
+// socket, like cocoon's launchProcess. The process log is recreated on every launch:
+// cloud-hypervisor writes to it on stdout and stderr, Firecracker opens it by path (--log-path)
+// and gets a PTY for stdio, its serial console, which a relay then serves on console.sock.
 func (b *backend) launch(ctx context.Context, rec *vmRecord, args []string) (int, error) {
+	opts := guest.LaunchOptions{Binary: b.conf.CHBinary, Args: args, VMName: rec.Config.Name, PIDFile: b.pidFilePath(rec.RunDir)}
 	logFile, err := os.Create(filepath.Join(rec.LogDir, b.kind.logFile)) //nolint:gosec // VM log dir
 	if err != nil {
-		b.log.with("cloudhypervisor.launchProcess").Warnf("create process log: %v", err)
+		b.log.with(b.kind.typ+".launchProcess").Warnf("create process log: %v", err)
 	} else {
 		defer logFile.Close() //nolint:errcheck
+		opts.Log = logFile
 	}
-	pid, err := launchInVMNetns(rec.NetworkConfigs, guest.LaunchOptions{Binary: b.conf.CHBinary, Args: args, Log: logFile, VMName: rec.Config.Name, PIDFile: b.pidFilePath(rec.RunDir)})
+	var consoleMaster *os.File
+	if b.kind == kindFC {
+		master, slave, err := guest.OpenPTYPair()
+		if err != nil {
+			return 0, fmt.Errorf("allocate console PTY: %w", err)
+		}
+		defer slave.Close() //nolint:errcheck
+		opts.Binary, opts.Serial, consoleMaster = b.conf.FCBinary, slave, master
+	}
+	pid, err := launchInVMNetns(rec.NetworkConfigs, opts)
 	if err != nil {
+		if consoleMaster != nil {
+			_ = consoleMaster.Close()
+		}
 		return 0, err
 	}
 	pidPath := b.pidFilePath(rec.RunDir)
@@ -112,7 +125,13 @@ func (b *backend) launch(ctx context.Context, rec *vmRecord, args []string) (int
 	if err := waitForSocket(ctx, apiSocketPath(rec.RunDir), pid, timeout, b.binaryName()); err != nil {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 		_ = os.Remove(pidPath)
+		if consoleMaster != nil {
+			_ = consoleMaster.Close()
+		}
 		return 0, err
+	}
+	if consoleMaster != nil {
+		b.startConsoleRelay(rec.RunDir, pid, consoleMaster)
 	}
 	return pid, nil
 }
@@ -124,7 +143,7 @@ func launchInVMNetns(nets []*cocoon.NetworkConfig, opts guest.LaunchOptions) (in
 	launch := func() (int, error) {
 		pid, err := guest.Launch(opts)
 		if err != nil {
-			return 0, fmt.Errorf("exec cloud-hypervisor: %w", err)
+			return 0, fmt.Errorf("exec %s: %w", filepath.Base(opts.Binary), err)
 		}
 		return pid, nil
 	}

@@ -23,6 +23,9 @@ import (
 // the process was started as a simulated hypervisor it runs that instead and never returns to
 // the CLI.
 func Main(args []string) int {
+	if isFCRelay() {
+		return runConsoleRelay()
+	}
 	if handled, code := guest.Main(); handled {
 		return code
 	}

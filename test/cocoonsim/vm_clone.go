@@ -115,7 +115,7 @@ func (a *app) prepareClone(cmd *cobra.Command, snap *cocoon.SnapshotConfig, kind
 		}
 	}
 	if kind == kindFC {
-		if err := validateFCCloneOverrides(cmd, snap); err != nil {
+		if err := validateFCCloneOverrides(cmd, snap, a.profile); err != nil {
 			return nil, err
 		}
 	}
@@ -165,9 +165,6 @@ func (a *app) ensureImage(ctx context.Context, spec *vmSpec) error {
 // directClone reserves the record, copies the snapshot files into the new run dir and starts the
 // VM from them. Any failure leaves no record behind.
 func (b *backend) directClone(ctx context.Context, vmID string, spec *vmSpec, nets []*cocoon.NetworkConfig, snap *cocoon.SnapshotConfig, srcDir string) (_ *cocoon.VM, err error) {
-	if b.kind == kindFC {
-		return nil, errFirecrackerNotSimulated
-	}
 	if err := validateHostCPU(spec.CPU); err != nil {
 		return nil, err
 	}
@@ -188,6 +185,13 @@ func (b *backend) directClone(ctx context.Context, vmID string, spec *vmSpec, ne
 	}
 	if err = ensureDirs(runDir, logDir); err != nil {
 		return nil, fmt.Errorf("ensure dirs: %w", err)
+	}
+	if b.kind == kindFC {
+		// Firecracker's restore always maps the memory file: --restore-mode does not apply.
+		if err = cloneFCSnapshotFiles(runDir, srcDir); err != nil {
+			return nil, fmt.Errorf("clone snapshot files: %w", err)
+		}
+		return b.fcCloneFromSnapshot(ctx, vmID, spec, nets, runDir, logDir, now)
 	}
 	if err = cloneSnapshotFiles(runDir, srcDir, spec.OnDemand); err != nil {
 		return nil, fmt.Errorf("clone snapshot files: %w", err)
@@ -210,6 +214,28 @@ func cloneSnapshotFiles(dstDir, srcDir string, onDemand bool) error {
 			cowFiles[filepath.Base(d.Path)] = true
 		}
 	}
+	isMemory := func(name string) bool { return strings.HasPrefix(name, "memory-range") }
+	return copySnapshotFiles(dstDir, srcDir, cowFiles, isMemory, onDemand)
+}
+
+// cloneFCSnapshotFiles is cloneSnapshotFiles for a Firecracker snapshot, whose writable disks
+// are named by its cocoon.json and whose memory is one file, mem.
+func cloneFCSnapshotFiles(dstDir, srcDir string) error {
+	meta, err := loadSnapshotMeta(srcDir)
+	if err != nil {
+		return err
+	}
+	cowFiles := map[string]bool{}
+	for _, sc := range meta.StorageConfigs {
+		if !sc.RO {
+			cowFiles[filepath.Base(sc.Path)] = true
+		}
+	}
+	isMemory := func(name string) bool { return name == guest.FCMemoryFile }
+	return copySnapshotFiles(dstDir, srcDir, cowFiles, isMemory, false)
+}
+
+func copySnapshotFiles(dstDir, srcDir string, cowFiles map[string]bool, isMemory func(string) bool, onDemand bool) error {
 	entries, err := os.ReadDir(srcDir)
 	if err != nil {
 		return fmt.Errorf("read srcDir: %w", err)
@@ -221,7 +247,7 @@ func cloneSnapshotFiles(dstDir, srcDir string, onDemand bool) error {
 		name := e.Name()
 		src, dst := filepath.Join(srcDir, name), filepath.Join(dstDir, name)
 		switch {
-		case strings.HasPrefix(name, "memory-range"):
+		case isMemory(name):
 			err = linkMemoryFile(dst, src, onDemand)
 		case cowFiles[name]:
 			err = reflinkCopy(dst, src)
@@ -309,7 +335,7 @@ func (b *backend) cloneAfterExtract(ctx context.Context, vmID string, spec *vmSp
 		if err != nil {
 			return nil, fmt.Errorf("parse DNS servers: %w", err)
 		}
-		boot.Cmdline = buildCmdline(storage, nets, spec.Name, dns)
+		boot.Cmdline = b.buildCmdline(storage, nets, spec.Name, dns)
 	}
 
 	sock := apiSocketPath(runDir)
@@ -325,6 +351,11 @@ func (b *backend) cloneAfterExtract(ctx context.Context, vmID string, spec *vmSp
 		b.abortLaunch(ctx, pid, runDir)
 		return nil, err
 	}
+	return b.recordClone(ctx, vmID, spec, nets, storage, boot, pid, runDir, now)
+}
+
+// recordClone marks the running clone's record running; a failure ends the hypervisor.
+func (b *backend) recordClone(ctx context.Context, vmID string, spec *vmSpec, nets []*cocoon.NetworkConfig, storage []*cocoon.StorageConfig, boot *bootConfig, pid int, runDir string, now time.Time) (*cocoon.VM, error) {
 	vm := &cocoon.VM{
 		ID: vmID, Hypervisor: b.kind.typ, State: cocoon.VMStateRunning,
 		Config: spec.VMConfig, StorageConfigs: storage, NetworkConfigs: nets,
@@ -334,7 +365,7 @@ func (b *backend) cloneAfterExtract(ctx context.Context, vmID string, spec *vmSp
 		b.abortLaunch(ctx, pid, runDir)
 		return nil, fmt.Errorf("finalize VM record: %w", err)
 	}
-	b.log.with("cloudhypervisor.Clone").Infof("VM %s cloned from snapshot", vmID)
+	b.log.with(b.kind.dir+".Clone").Infof("VM %s cloned from snapshot", vmID)
 	return vm, nil
 }
 

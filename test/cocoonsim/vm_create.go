@@ -97,9 +97,6 @@ func (a *app) createVM(cmd *cobra.Command, image string) (*cocoon.VM, *backend, 
 	if useFC && !boot.directBoot() {
 		return nil, nil, fmt.Errorf("--fc requires OCI images (direct kernel boot): Firecracker does not support UEFI/cloudimg boot")
 	}
-	if useFC {
-		return nil, nil, fmt.Errorf("create VM: %w", errFirecrackerNotSimulated)
-	}
 	vmID := generateID()
 	nics, _ := cmd.Flags().GetInt("nics")
 	provider, nets, err := a.initNetwork(cmd.Context(), vmID, nics, &spec.VMConfig, bridgeDev)
@@ -212,7 +209,7 @@ func (b *backend) prepareOCI(ctx context.Context, runDir string, spec *vmSpec, l
 	if err != nil {
 		return nil, fmt.Errorf("parse DNS servers: %w", err)
 	}
-	boot.Cmdline = buildCmdline(storage, nets, spec.Name, dns)
+	boot.Cmdline = b.buildCmdline(storage, nets, spec.Name, dns)
 	return storage, nil
 }
 
@@ -251,17 +248,23 @@ func (b *backend) prepareCloudimg(ctx context.Context, id, runDir string, spec *
 }
 
 // buildCmdline is the direct-boot kernel command line cocoon passes to the guest.
-func buildCmdline(storage []*cocoon.StorageConfig, nets []*cocoon.NetworkConfig, vmName string, dns []string) string {
-	var layers []string
-	for _, s := range storage {
-		if s.Role == cocoon.StorageRoleLayer {
-			layers = append(layers, s.Serial)
-		}
-	}
-	slices.Reverse(layers)
+// Cloud-hypervisor names the disks by virtio-blk serial, Firecracker by position.
+func (b *backend) buildCmdline(storage []*cocoon.StorageConfig, nets []*cocoon.NetworkConfig, vmName string, dns []string) string {
 	var cmdline strings.Builder
-	fmt.Fprintf(&cmdline, "console=hvc0 loglevel=3 boot=cocoon-overlay cocoon.layers=%s cocoon.cow=%s clocksource=kvm-clock rw",
-		strings.Join(layers, ","), cowSerial)
+	if b.kind == kindFC {
+		layers, cow := fcDiskNames(storage)
+		fmt.Fprintf(&cmdline, "%s boot=cocoon-overlay cocoon.layers=%s cocoon.cow=%s clocksource=kvm-clock rw", fcCmdlineHead, strings.Join(layers, ","), cow)
+	} else {
+		var layers []string
+		for _, s := range storage {
+			if s.Role == cocoon.StorageRoleLayer {
+				layers = append(layers, s.Serial)
+			}
+		}
+		slices.Reverse(layers)
+		fmt.Fprintf(&cmdline, "console=hvc0 loglevel=3 boot=cocoon-overlay cocoon.layers=%s cocoon.cow=%s clocksource=kvm-clock rw",
+			strings.Join(layers, ","), cowSerial)
+	}
 	if len(nets) == 0 {
 		return cmdline.String()
 	}

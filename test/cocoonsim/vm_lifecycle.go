@@ -151,9 +151,6 @@ func (b *backend) startOne(ctx context.Context, id string) error {
 	case !errors.Is(runErr, errVMNotRunning):
 		return fmt.Errorf("reconcile running VM %s: %w", id, runErr)
 	}
-	if b.kind == kindFC {
-		return errFirecrackerNotSimulated
-	}
 	if err := ensureDirs(rec.RunDir, rec.LogDir); err != nil {
 		return fmt.Errorf("ensure dirs: %w", err)
 	}
@@ -161,6 +158,13 @@ func (b *backend) startOne(ctx context.Context, id string) error {
 	if err := validateStorageConfigs(rec.StorageConfigs); err != nil {
 		b.markError(ctx, id)
 		return fmt.Errorf("storage invariants violated: %w", err)
+	}
+	if b.kind == kindFC {
+		if err := b.fcStart(ctx, &rec); err != nil {
+			b.markError(ctx, id)
+			return fmt.Errorf("launch VM: %w", err)
+		}
+		return nil
 	}
 	args := b.buildVMConfig(&rec).Args(apiSocketPath(rec.RunDir))
 	b.saveCmdline(rec.RunDir, args)
@@ -184,21 +188,33 @@ func (b *backend) stop(ctx context.Context, refs []string) ([]string, error) {
 	return stopped, err
 }
 
-// stopOne: direct-boot VMs and --force get vm.shutdown then SIGTERM/SIGKILL; UEFI VMs get the
-// ACPI power button and up to stop_timeout_seconds to power off before that.
+// stopOne: --force and cloud-hypervisor's direct-boot VMs get vm.shutdown (cloud-hypervisor
+// only) then SIGTERM/SIGKILL; UEFI VMs get the ACPI power button, Firecracker VMs Ctrl-Alt-Del,
+// and up to stop_timeout_seconds to power off before that.
 func (b *backend) stopOne(ctx context.Context, id string) error {
 	rec, err := b.loadRecord(ctx, id)
 	if err != nil {
 		return err
 	}
 	sock := apiSocketPath(rec.RunDir)
-	hc := newCHClient(sock)
 	timeout := time.Duration(b.conf.StopTimeoutSeconds) * time.Second
 	stopErr := b.withRunningVM(ctx, &rec, func(pid int) error {
-		if rec.BootConfig.directBoot() || timeout < 0 {
-			return b.forceTerminate(ctx, hc, id, sock, pid)
+		terminate := func() error { return terminateProcess(ctx, pid, b.binaryName(), sock, b.terminateGrace()) }
+		var ask func(context.Context) error
+		if b.kind == kindFC {
+			ask = fcCtrlAltDel(newFCClient(sock))
+		} else {
+			hc := newCHClient(sock)
+			terminate = func() error { return b.forceTerminate(ctx, hc, id, sock, pid) }
+			ask = hc.powerButton
+			if rec.BootConfig.directBoot() {
+				ask = nil
+			}
 		}
-		return b.gracefulStop(ctx, hc, id, sock, pid, timeout)
+		if ask == nil || timeout < 0 {
+			return terminate()
+		}
+		return b.gracefulStop(ctx, ask, terminate, id, pid, timeout)
 	})
 	if stopErr != nil && !errors.Is(stopErr, errVMNotRunning) {
 		b.markError(ctx, id)
@@ -208,11 +224,12 @@ func (b *backend) stopOne(ctx context.Context, id string) error {
 	return nil
 }
 
-func (b *backend) gracefulStop(ctx context.Context, hc *chClient, id, sock string, pid int, timeout time.Duration) error {
+// gracefulStop asks the guest to power off and gives it timeout before terminate.
+func (b *backend) gracefulStop(ctx context.Context, ask func(context.Context) error, terminate func() error, id string, pid int, timeout time.Duration) error {
 	logger := b.log.with(b.kind.typ + ".GracefulStop")
-	if err := hc.powerButton(ctx); err != nil {
+	if err := ask(ctx); err != nil {
 		logger.Warnf("shutdown signal %s: %v — escalating", id, err)
-		return b.forceTerminate(ctx, hc, id, sock, pid)
+		return terminate()
 	}
 	if waitFor(ctx, timeout, gracefulStopPoll, func() (bool, error) { return !isProcessAlive(pid), nil }) == nil {
 		return nil
@@ -221,7 +238,7 @@ func (b *backend) gracefulStop(ctx context.Context, hc *chClient, id, sock strin
 		return ctx.Err()
 	}
 	logger.Warnf("VM %s did not shut down within %s, escalating", id, timeout)
-	return b.forceTerminate(ctx, hc, id, sock, pid)
+	return terminate()
 }
 
 func (b *backend) forceTerminate(ctx context.Context, hc *chClient, id, sock string, pid int) error {

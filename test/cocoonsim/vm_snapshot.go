@@ -19,15 +19,16 @@ const snapshotMetaFile = "cocoon.json"
 type snapshotMeta struct {
 	StorageConfigs []*cocoon.StorageConfig `json:"storage_configs"`
 	BootConfig     *bootConfig             `json:"boot_config,omitempty"`
+	// CPU and Memory are filled by Firecracker only, whose vmstate cannot be read for them.
+	CPU    int   `json:"cpu,omitempty"`
+	Memory int64 `json:"memory,omitempty"`
 }
 
-// snapshot captures a running VM into a temporary directory inside its run dir: pause, CH
-// vm.snapshot, copy the COW and data disks, resume; then the sidecar and the guest behaviour
-// file. It returns the snapshot config (with a new ID recorded on the VM) and that directory.
+// snapshot captures a running VM into a temporary directory inside its run dir: pause, the
+// hypervisor's snapshot, copy the COW and data disks, resume; then the sidecar and the guest
+// behaviour file. It returns the snapshot config (with a new ID recorded on the VM) and that
+// directory.
 func (b *backend) snapshot(ctx context.Context, ref string) (*cocoon.SnapshotConfig, string, error) {
-	if b.kind == kindFC {
-		return nil, "", errFirecrackerNotSimulated
-	}
 	vmID, err := b.resolveRef(ctx, ref)
 	if err != nil {
 		return nil, "", err
@@ -49,13 +50,13 @@ func (b *backend) snapshot(ctx context.Context, ref string) (*cocoon.SnapshotCon
 		_ = os.RemoveAll(tmpDir)
 		return nil, "", err
 	}
-	hc := newCHClient(apiSocketPath(rec.RunDir))
+	pause, resume, capture := b.snapshotOps(rec.RunDir, tmpDir)
 	if err := b.withRunningVM(ctx, &rec, func(int) error {
-		if err := hc.pause(ctx); err != nil {
+		if err := pause(ctx); err != nil {
 			return fmt.Errorf("pause: %w", err)
 		}
-		captureErr := captureDisks(ctx, hc, tmpDir, filepath.Join(rec.RunDir, cowName), cowName, rec.StorageConfigs)
-		if resumeErr := hc.resume(context.WithoutCancel(ctx)); resumeErr != nil && captureErr == nil {
+		captureErr := captureDisks(ctx, capture, tmpDir, filepath.Join(rec.RunDir, cowName), cowName, rec.StorageConfigs)
+		if resumeErr := resume(context.WithoutCancel(ctx)); resumeErr != nil && captureErr == nil {
 			return fmt.Errorf("snapshot data captured but resume failed: %w", resumeErr)
 		}
 		return captureErr
@@ -74,7 +75,7 @@ func (b *backend) snapshot(ctx context.Context, ref string) (*cocoon.SnapshotCon
 			return fail(fmt.Errorf("copy guest behaviour: %w", err))
 		}
 	}
-	if err := writeSnapshotMeta(tmpDir, &rec); err != nil {
+	if err := b.writeSnapshotMeta(tmpDir, &rec); err != nil {
 		return fail(fmt.Errorf("write snapshot metadata: %w", err))
 	}
 	snapID, err := b.recordSnapshot(ctx, vmID)
@@ -87,10 +88,26 @@ func (b *backend) snapshot(ctx context.Context, ref string) (*cocoon.SnapshotCon
 	}, tmpDir, nil
 }
 
+// snapshotOps are the hypervisor's pause, resume and snapshot (into dir) calls.
+func (b *backend) snapshotOps(runDir, dir string) (pause, resume, capture func(context.Context) error) {
+	sock := apiSocketPath(runDir)
+	if b.kind == kindFC {
+		fc := newFCClient(sock)
+		return func(ctx context.Context) error { return fcSetState(ctx, fc, "Paused") },
+			func(ctx context.Context) error { return fcSetState(ctx, fc, "Resumed") },
+			func(ctx context.Context) error {
+				return fc.memoryTransfer(ctx, "snapshot/create", map[string]string{
+					"snapshot_path": filepath.Join(dir, guest.FCStateFile), "mem_file_path": filepath.Join(dir, guest.FCMemoryFile)})
+			}
+	}
+	hc := newCHClient(sock)
+	return hc.pause, hc.resume, func(ctx context.Context) error { return hc.snapshot(ctx, dir) }
+}
+
 // captureDisks runs inside the pause window: the hypervisor's own snapshot, then the writable
 // disks.
-func captureDisks(ctx context.Context, hc *chClient, tmpDir, cowPath, cowName string, storage []*cocoon.StorageConfig) error {
-	if err := hc.snapshot(ctx, tmpDir); err != nil {
+func captureDisks(ctx context.Context, capture func(context.Context) error, tmpDir, cowPath, cowName string, storage []*cocoon.StorageConfig) error {
+	if err := capture(ctx); err != nil {
 		return fmt.Errorf("snapshot: %w", err)
 	}
 	if err := reflinkCopy(filepath.Join(tmpDir, cowName), cowPath); err != nil {
@@ -107,8 +124,23 @@ func captureDisks(ctx context.Context, hc *chClient, tmpDir, cowPath, cowName st
 	return nil
 }
 
-// writeSnapshotMeta writes cocoon.json by walking the disks of the snapshot's config.json.
-func writeSnapshotMeta(dir string, rec *vmRecord) error {
+// writeSnapshotMeta writes cocoon.json: for cloud-hypervisor by walking the disks of the
+// snapshot's config.json; for Firecracker the record's disks, boot (without its command line,
+// which a clone rebuilds), CPU and memory.
+func (b *backend) writeSnapshotMeta(dir string, rec *vmRecord) error {
+	if b.kind == kindFC {
+		meta := snapshotMeta{CPU: rec.Config.CPU, Memory: rec.Config.Memory}
+		if rec.BootConfig != nil {
+			boot := *rec.BootConfig
+			boot.Cmdline = ""
+			meta.BootConfig = &boot
+		}
+		for _, sc := range rec.StorageConfigs {
+			copied := *sc
+			meta.StorageConfigs = append(meta.StorageConfigs, &copied)
+		}
+		return writeJSONFile(filepath.Join(dir, snapshotMetaFile), meta)
+	}
 	chCfg, _, err := parseCHConfig(filepath.Join(dir, "config.json"))
 	if err != nil {
 		return fmt.Errorf("parse snapshot config: %w", err)
@@ -126,11 +158,15 @@ func writeSnapshotMeta(dir string, rec *vmRecord) error {
 		copied := *sc
 		meta.StorageConfigs = append(meta.StorageConfigs, &copied)
 	}
-	data, err := json.Marshal(meta)
+	return writeJSONFile(filepath.Join(dir, snapshotMetaFile), meta)
+}
+
+func writeJSONFile(path string, v any) error {
+	data, err := json.Marshal(v)
 	if err != nil {
-		return fmt.Errorf("marshal snapshot meta: %w", err)
+		return fmt.Errorf("marshal %s: %w", filepath.Base(path), err)
 	}
-	return os.WriteFile(filepath.Join(dir, snapshotMetaFile), data, 0o600)
+	return os.WriteFile(path, data, 0o600)
 }
 
 func loadSnapshotMeta(dir string) (*snapshotMeta, error) {

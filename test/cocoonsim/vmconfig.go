@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/internal/release"
 )
 
 var (
@@ -191,8 +192,15 @@ func mergeResourceFlags(cmd *cobra.Command, snap *cocoon.SnapshotConfig) (int, i
 	return cpu, memory, storage, nil
 }
 
-// validateFCCloneOverrides: a Firecracker snapshot cannot change CPU, memory or NIC count.
-func validateFCCloneOverrides(cmd *cobra.Command, snap *cocoon.SnapshotConfig) error {
+// validateFCCloneOverrides: a Firecracker snapshot cannot change CPU, memory or NIC count. From
+// v0.5, which has no size flags on clone, --nics is refused as soon as it is given.
+func validateFCCloneOverrides(cmd *cobra.Command, snap *cocoon.SnapshotConfig, prof release.Profile) error {
+	if !prof.CloneResizes {
+		if cmd.Flags().Changed("nics") {
+			return fmt.Errorf("--nics override on clone is Cloud Hypervisor only (FC network_overrides retargets existing NICs, not resize)")
+		}
+		return nil
+	}
 	if cpu, _ := cmd.Flags().GetInt("cpu"); cpu > 0 && cpu != snap.CPU {
 		return fmt.Errorf("--cpu %d not supported: Firecracker cannot change CPU after snapshot/load (snapshot has %d)", cpu, snap.CPU)
 	}

@@ -234,6 +234,9 @@ func newSnapshotLayout(opts SnapshotOptions) *snapshotLayout {
 // had no static address (DHCP), so there is no ip= parameter, only the hostname.
 func (s *snapshotLayout) cmdline() string {
 	line := "console=hvc0 loglevel=3 boot=cocoon-overlay cocoon.layers=cocoon-layer0 cocoon.cow=cocoon-cow clocksource=kvm-clock rw"
+	if s.opts.Hypervisor == cocoon.HypervisorFirecracker {
+		line = "console=ttyS0 reboot=k loglevel=3 i8042.noaux 8250.nr_uarts=1 boot=cocoon-overlay cocoon.layers=/dev/vda cocoon.cow=/dev/vdb clocksource=kvm-clock rw"
+	}
 	if s.opts.NICs > 0 {
 		line += " net.ifnames=0 cocoon.hostname=" + s.opts.Name
 	}
@@ -273,8 +276,15 @@ func (s *snapshotLayout) dataFiles() ([]archiveFile, error) {
 	}
 	sidecar := map[string]any{"storage_configs": s.storage, "boot_config": s.boot}
 	if o.Hypervisor == cocoon.HypervisorFirecracker {
-		sidecar["cpu"], sidecar["memory"] = o.CPU, o.Memory
-		files = append(files, archiveFile{name: "vmstate", data: []byte("cocoon-sim firecracker vmstate\n")}, archiveFile{name: "mem", data: memory})
+		// Firecracker's sidecar has no command line (a clone rebuilds it), and its CPU and memory.
+		boot := s.boot
+		boot.Cmdline = ""
+		sidecar["boot_config"], sidecar["cpu"], sidecar["memory"] = boot, o.CPU, o.Memory
+		vmstate, err := guest.EncodeFCState(s.fcConfig(), o.Name, SnapshotMachineID(o.Name), filepath.Join(s.runDir, guest.VsockSocketName))
+		if err != nil {
+			return nil, err
+		}
+		files = append(files, archiveFile{name: guest.FCStateFile, data: vmstate}, archiveFile{name: guest.FCMemoryFile, data: memory})
 	} else {
 		if err := add("config.json", s.chConfig()); err != nil {
 			return nil, err
@@ -340,6 +350,20 @@ func (s *snapshotLayout) chConfig() *guest.VMConfig {
 	cfg.Payload = &guest.Payload{Kernel: s.base.kernel, Initramfs: s.base.initrd, Cmdline: s.cmdline()}
 	cfg.Serial = &guest.RuntimeFile{Mode: guest.ModeOff}
 	cfg.Console = &guest.RuntimeFile{Mode: guest.ModePty}
+	return cfg
+}
+
+// fcConfig is the source VM as Firecracker held it: drives and interfaces by position, the
+// serial console on Firecracker's tty.
+func (s *snapshotLayout) fcConfig() guest.VMConfig {
+	cfg := *s.chConfig()
+	cfg.Serial, cfg.Console = &guest.RuntimeFile{Mode: guest.ModeTty}, nil
+	for i := range cfg.Disks {
+		cfg.Disks[i].ID = fmt.Sprintf("drive_%d", i)
+	}
+	for i := range cfg.Nets {
+		cfg.Nets[i].ID = fmt.Sprintf("eth%d", i)
+	}
 	return cfg
 }
 

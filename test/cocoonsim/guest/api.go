@@ -87,52 +87,69 @@ func (v *vmm) handleShutdown(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (v *vmm) handlePowerButton(w http.ResponseWriter, _ *http.Request) {
+	if err := v.pressPowerButton("ACPI: Power Button [PWRF]", "ACPI power button"); err != nil {
+		apiError(w, "%v", err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// pressPowerButton asks the guest to power off (cloud-hypervisor's ACPI power button,
+// Firecracker's Ctrl-Alt-Del); the guest prints event on its console and goes down for reason,
+// unless its image ignores the request.
+func (v *vmm) pressPowerButton(event, reason string) error {
 	v.mu.Lock()
 	state := v.state
 	v.mu.Unlock()
 	if state != stateRunning {
-		apiError(w, "VM is not running (state %s)", state)
-		return
+		return fmt.Errorf("VM is not running (state %s)", state)
 	}
-	w.WriteHeader(http.StatusNoContent)
-	v.console.Printf("%s ACPI: Power Button [PWRF]", v.uptime())
+	v.console.Printf("%s %s", v.uptime(), event)
 	if v.spec.IgnorePowerButton {
-		v.logger.Printf("vm.power-button: guest ignores the power button")
-		return
+		v.logger.Printf("power button: guest ignores it")
+		return nil
 	}
 	v.mu.Lock()
 	real, isReal := v.os.(*qemuOS)
 	v.mu.Unlock()
 	if isReal {
 		go real.pressPowerButton()
-		return
+		return nil
 	}
-	go v.powerOff("ACPI power button")
+	go v.powerOff(reason)
+	return nil
 }
 
 func (v *vmm) handlePause(w http.ResponseWriter, _ *http.Request) {
 	v.transition(w, stateRunning, statePaused)
 }
 
-// handleResume lets a paused guest run again. The first resume after vm.restore brings the
-// restored guest back: its OS starts with the network state it had, on the NICs the VM has now.
+// handleResume lets a paused guest run again.
 func (v *vmm) handleResume(w http.ResponseWriter, _ *http.Request) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if v.state != statePaused {
-		apiError(w, "VM is %s, want %s", v.state, statePaused)
+	if err := v.resumeLocked(); err != nil {
+		apiError(w, "vm.resume: %v", err)
 		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// resumeLocked lets a paused guest run again. The first resume after a restore brings the
+// restored guest back: its OS starts with the network state it had, on the NICs the VM has now.
+// The caller holds v.mu.
+func (v *vmm) resumeLocked() error {
+	if v.state != statePaused {
+		return fmt.Errorf("VM is %s, want %s", v.state, statePaused)
 	}
 	if v.resumePending {
 		guestOS, err := v.resumeGuestOS(v.restoredNet, v.nicsInOrder(v.cfg))
 		if err != nil {
-			apiError(w, "vm.resume: %v", err)
-			return
+			return err
 		}
 		v.os = guestOS
 		if err := v.startLoad(); err != nil {
-			apiError(w, "vm.resume: %v", err)
-			return
+			return err
 		}
 		v.resumePending = false
 		v.console.Printf("%s cocoon-sim: resumed from snapshot", v.uptime())
@@ -141,7 +158,7 @@ func (v *vmm) handleResume(w http.ResponseWriter, _ *http.Request) {
 		v.startBehaviours()
 	}
 	v.state = stateRunning
-	w.WriteHeader(http.StatusNoContent)
+	return nil
 }
 
 func (v *vmm) transition(w http.ResponseWriter, from, to string) bool {
@@ -190,29 +207,42 @@ func (v *vmm) writeSnapshot(dir string) error {
 	if err != nil {
 		return err
 	}
-	netState := v.restoredNet
-	if v.os != nil {
-		netState = v.os.network()
-	}
-	machineID, err := readMachineID(v.runDir)
+	st, err := v.guestState()
 	if err != nil {
 		return err
 	}
-	state, err := json.Marshal(snapshotState{VMName: v.name, State: v.state, CPUs: v.cfg.CPUs.BootVCPUs, GuestNetwork: &netState, MachineID: machineID})
+	state, err := json.Marshal(st)
 	if err != nil {
 		return err
 	}
-	memory := fmt.Appendf(nil, "cocoon-sim guest memory of %s\n", v.name)
 	for name, data := range map[string][]byte{
 		snapshotConfigFile: cfg,
 		snapshotStateFile:  state,
-		snapshotMemoryFile: memory,
+		snapshotMemoryFile: v.memoryImage(),
 	} {
 		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// guestState is what a snapshot keeps of the paused guest. The caller holds v.mu.
+func (v *vmm) guestState() (snapshotState, error) {
+	netState := v.restoredNet
+	if v.os != nil {
+		netState = v.os.network()
+	}
+	machineID, err := readMachineID(v.runDir)
+	if err != nil {
+		return snapshotState{}, err
+	}
+	return snapshotState{VMName: v.name, State: v.state, CPUs: v.cfg.CPUs.BootVCPUs, GuestNetwork: &netState, MachineID: machineID}, nil
+}
+
+// memoryImage stands in for the guest's RAM in a snapshot.
+func (v *vmm) memoryImage() []byte {
+	return fmt.Appendf(nil, "cocoon-sim guest memory of %s\n", v.name)
 }
 
 // handleRestore loads a snapshot directory into a hypervisor that has no VM yet. The VM comes up
@@ -244,22 +274,30 @@ func (v *vmm) handleRestore(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if err := v.attachConsole(cfg); err != nil {
+	if err := v.restoreLocked(cfg, restored); err != nil {
 		apiError(w, "vm.restore: %v", err)
 		return
 	}
-	// The restored devices reopen the TAPs the snapshot names, as cloud-hypervisor does.
+	v.logger.Printf("vm.restore: restored from %s (memory_restore_mode=%q)", dir, req.MemoryRestoreMode)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// restoreLocked brings a snapshot's VM up paused in this empty hypervisor: its console, its
+// NICs (reopening the TAPs cfg names) and the guest state that comes back on the first resume.
+// The caller holds v.mu.
+func (v *vmm) restoreLocked(cfg *VMConfig, restored restoredGuest) error {
+	if err := v.attachConsole(cfg); err != nil {
+		return err
+	}
 	if _, err := v.openNICs(cfg); err != nil {
-		apiError(w, "vm.restore: %v", err)
-		return
+		return err
 	}
 	v.cfg = cfg
 	v.state = statePaused
 	v.resumePending = true
 	v.restoredNet = restored.net
 	v.restoredMachineID = restored.machineID
-	v.logger.Printf("vm.restore: restored from %s (memory_restore_mode=%q)", dir, req.MemoryRestoreMode)
-	w.WriteHeader(http.StatusNoContent)
+	return nil
 }
 
 // snapshotState is the simulator's state.json: what cloud-hypervisor keeps of device and guest

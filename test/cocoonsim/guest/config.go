@@ -95,6 +95,9 @@ const (
 	ModeOff    = "Off"
 	ModePty    = "Pty"
 	ModeSocket = "Socket"
+	// ModeTty is the hypervisor's own stdin and stdout, where Firecracker puts the guest's serial
+	// port (cocoon hands it a PTY and relays it to console.sock).
+	ModeTty = "Tty"
 )
 
 // Args renders cfg as cloud-hypervisor command-line arguments, the way cocoon launches CH.

@@ -42,6 +42,9 @@ type LaunchOptions struct {
 	Log *os.File
 	// VMName is the name the guest announces on its console.
 	VMName string
+	// Serial, when set, is the hypervisor's stdin and stdout: the PTY on which Firecracker puts
+	// the guest's serial port. Its stderr then goes nowhere, as cocoon leaves it.
+	Serial *os.File
 	// PIDFile is where cocoon records the hypervisor's PID. Under NoReapEnv the shim keeps an
 	// exited hypervisor unreaped for as long as this file exists.
 	PIDFile string
@@ -76,7 +79,10 @@ func Launch(opts LaunchOptions) (int, error) {
 		ExtraFiles:  []*os.File{pidW},
 		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
 	}
-	if opts.Log != nil { // a nil *os.File must not become a non-nil io.Writer
+	switch {
+	case opts.Serial != nil:
+		shim.Stdin, shim.Stdout = opts.Serial, opts.Serial
+	case opts.Log != nil: // a nil *os.File must not become a non-nil io.Writer
 		shim.Stdout, shim.Stderr = opts.Log, opts.Log
 	}
 	startErr := shim.Start()
@@ -110,6 +116,9 @@ func Main() (handled bool, exitCode int) {
 	case roleShim:
 		return true, runShim(os.Args[1:])
 	case roleVMM:
+		if isFirecrackerArgs(os.Args[1:]) {
+			return true, runFirecracker(os.Getenv(nameEnv), os.Args[1:])
+		}
 		return true, runVMM(os.Getenv(nameEnv), os.Args[1:])
 	case roleGuestOS:
 		return true, runGuestOS()
@@ -148,6 +157,7 @@ func runShim(argv []string) int {
 		Path:   self,
 		Args:   argv,
 		Env:    append(os.Environ(), roleEnv+"="+roleVMM),
+		Stdin:  os.Stdin,
 		Stdout: os.Stdout,
 		Stderr: os.Stderr,
 	}

@@ -22,9 +22,41 @@ type ptyConsole struct {
 // unchanged and the host's tty layer echoes nothing: the guest's own tty does (see console).
 // What is written to the slave is handed to typed.
 func openPTY(typed func([]byte)) (*ptyConsole, error) {
-	master, err := os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
+	master, slave, err := OpenPTYPair()
 	if err != nil {
-		return nil, fmt.Errorf("open /dev/ptmx: %w", err)
+		return nil, err
+	}
+	path := slave.Name()
+	if err := control(slave, makeRaw); err != nil {
+		_ = master.Close()
+		_ = slave.Close()
+		return nil, fmt.Errorf("raw mode on %s: %w", path, err)
+	}
+	p := &ptyConsole{master: master, slave: slave, path: path}
+	// Input is always read, so a writer attached to the slave never blocks.
+	go readTyped(master, typed)
+	return p, nil
+}
+
+// readTyped hands what arrives on a console device to typed until the device fails.
+func readTyped(f *os.File, typed func([]byte)) {
+	buf := make([]byte, 4096)
+	for {
+		n, err := f.Read(buf)
+		if n > 0 {
+			typed(buf[:n])
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// OpenPTYPair allocates a PTY and opens both sides; the slave is named by its path.
+func OpenPTYPair() (master, slave *os.File, err error) {
+	master, err = os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open /dev/ptmx: %w", err)
 	}
 	var ptyNum int
 	if err := control(master, func(fd int) error {
@@ -36,34 +68,15 @@ func openPTY(typed func([]byte)) (*ptyConsole, error) {
 		return err
 	}); err != nil {
 		_ = master.Close()
-		return nil, err
+		return nil, nil, err
 	}
 	path := fmt.Sprintf("/dev/pts/%d", ptyNum)
-	slave, err := os.OpenFile(path, os.O_RDWR|syscall.O_NOCTTY, 0)
+	slave, err = os.OpenFile(path, os.O_RDWR|syscall.O_NOCTTY, 0)
 	if err != nil {
 		_ = master.Close()
-		return nil, fmt.Errorf("open %s: %w", path, err)
+		return nil, nil, fmt.Errorf("open %s: %w", path, err)
 	}
-	if err := control(slave, makeRaw); err != nil {
-		_ = master.Close()
-		_ = slave.Close()
-		return nil, fmt.Errorf("raw mode on %s: %w", path, err)
-	}
-	p := &ptyConsole{master: master, slave: slave, path: path}
-	// Input is always read, so a writer attached to the slave never blocks.
-	go func() {
-		buf := make([]byte, 4096)
-		for {
-			n, err := master.Read(buf)
-			if n > 0 {
-				typed(buf[:n])
-			}
-			if err != nil {
-				return
-			}
-		}
-	}()
-	return p, nil
+	return master, slave, nil
 }
 
 // Write sends guest output to whoever reads the slave.

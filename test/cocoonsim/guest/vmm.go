@@ -80,7 +80,7 @@ func runVMM(name string, args []string) int {
 		return 1
 	}
 	if release.HasAgent() {
-		vsock, err := v.listenVsock()
+		vsock, err := v.listenVsock(filepath.Join(v.runDir, VsockSocketName))
 		if err != nil {
 			logger.Printf("vsock: %v", err)
 			return 1
@@ -179,7 +179,7 @@ func (v *vmm) stopGuest() {
 }
 
 // attachConsole opens the device the configuration asks for: the virtio-console PTY (direct
-// boot) or the serial socket (UEFI). The guest prints to whichever is its console.
+// boot), the serial socket (UEFI) or, under Firecracker, the serial port on the process's tty. The guest prints to whichever is its console.
 func (v *vmm) attachConsole(cfg *VMConfig) error {
 	c := newConsole()
 	switch {
@@ -190,6 +190,12 @@ func (v *vmm) attachConsole(cfg *VMConfig) error {
 		}
 		cfg.Console.File = p.path
 		c.run(p)
+	case cfg.Serial != nil && cfg.Serial.Mode == ModeTty:
+		if err := control(os.Stdin, makeRaw); err != nil {
+			return fmt.Errorf("raw mode on the serial tty: %w", err)
+		}
+		go readTyped(os.Stdin, c.typed)
+		c.run(os.Stdout)
 	case cfg.Serial != nil && cfg.Serial.Mode == ModeSocket:
 		s, err := listenSerial(cfg.Serial.Socket, c.typed)
 		if err != nil {

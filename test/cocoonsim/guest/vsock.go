@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -28,10 +27,9 @@ type vsockGuest interface {
 	connectVsock(port uint32, conn *net.UnixConn)
 }
 
-// listenVsock opens the hybrid vsock socket in the run dir. The VM's vsock device exists from
+// listenVsock opens the hybrid vsock socket at path. The VM's vsock device exists from
 // the start; whether anything in the guest answers is another matter.
-func (v *vmm) listenVsock() (net.Listener, error) {
-	path := filepath.Join(v.runDir, VsockSocketName)
+func (v *vmm) listenVsock(path string) (net.Listener, error) {
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("remove stale %s: %w", path, err)
 	}
