@@ -10,19 +10,25 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
 	"golang.org/x/term"
 
+	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/pkg/syncio"
 )
 
-// FindConsole asks the VM's cloud-hypervisor (its API socket, which cocoon reports as
-// socket_path) where the console is: a PTY for a direct-boot guest, the serial socket for a UEFI
+// FindConsole finds a VM's console from its hypervisor's API socket, which cocoon reports as
+// socket_path. Firecracker's is console.sock beside it, served by cocoon's relay one session at a
+// time. cloud-hypervisor is asked: a PTY for a direct-boot guest, the serial socket for a UEFI
 // one. cocoon records neither; nothing on disk keeps the console's output.
-func FindConsole(ctx context.Context, apiSocket string) (Opener, error) {
+func FindConsole(ctx context.Context, hypervisor, apiSocket string) (Opener, error) {
+	if hypervisor == cocoon.HypervisorFirecracker {
+		return socketOpener(filepath.Join(filepath.Dir(apiSocket), FirecrackerConsoleSocket)), nil
+	}
 	client := &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
@@ -58,6 +64,10 @@ func FindConsole(ctx context.Context, apiSocket string) (Opener, error) {
 	}
 	return nil, errors.New("the VM has no console cocoon-cri can read (neither a PTY nor a serial socket)")
 }
+
+// FirecrackerConsoleSocket is where cocoon serves a Firecracker VM's serial console, in the VM's
+// run directory (docs/cocoon-contract.md, Console).
+const FirecrackerConsoleSocket = "console.sock"
 
 // Opener connects to a console.
 type Opener func(ctx context.Context) (io.ReadWriteCloser, error)

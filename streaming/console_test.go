@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/pkg/syncio"
 )
 
@@ -150,7 +151,7 @@ func TestFindConsoleAsksTheHypervisor(t *testing.T) {
 			})}
 			go srv.Serve(ln)
 			defer srv.Close()
-			open, err := FindConsole(context.Background(), sock)
+			open, err := FindConsole(context.Background(), cocoon.HypervisorCloudHypervisor, sock)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -164,5 +165,36 @@ func TestFindConsoleAsksTheHypervisor(t *testing.T) {
 				t.Fatalf("opener error %v, want it to name %s", err, want)
 			}
 		})
+	}
+}
+
+// Firecracker has no vm.info: its console is cocoon's relay on console.sock beside the API socket,
+// which nobody asks.
+func TestFindConsoleOfFirecrackerIsTheRelayBesideTheAPISocket(t *testing.T) {
+	dir := t.TempDir()
+	ln, err := net.Listen("unix", filepath.Join(dir, FirecrackerConsoleSocket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		conn, err := ln.Accept()
+		if err == nil {
+			fmt.Fprint(conn, "guest output")
+			conn.Close()
+		}
+	}()
+	open, err := FindConsole(context.Background(), cocoon.HypervisorFirecracker, filepath.Join(dir, "api.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := open(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	got, err := io.ReadAll(conn)
+	if err != nil || string(got) != "guest output" {
+		t.Fatalf("read %q, %v from the relay; want its output", got, err)
 	}
 }

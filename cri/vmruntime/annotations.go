@@ -20,23 +20,16 @@ const (
 	AnnotationNetwork    = "cocoonset.cocoonstack.io/network"
 )
 
-// firecrackerUnsupported says why a Firecracker VM is refused: cocoon serves its console on
-// console.sock rather than through the hypervisor's API, a 0-NIC Firecracker snapshot cannot be
-// given the pod's NIC, and the simulator the project tests against plays only cloud-hypervisor.
-const firecrackerUnsupported = "cocoon-cri does not run Firecracker VMs yet (docs/design.md, Hypervisors)"
-
 // parseVMOptions reads the pod's cocoon annotations. Unlike vk-cocoon, which reads anything but
 // "true" as false, a malformed value is refused: a typo must not silently change the VM.
 func parseVMOptions(annotations map[string]string) (store.VMOptions, error) {
 	var o store.VMOptions
 	if v, ok := annotations[AnnotationBackend]; ok {
 		switch v {
-		case cocoon.HypervisorCloudHypervisor:
+		case cocoon.HypervisorCloudHypervisor, cocoon.HypervisorFirecracker:
 			o.Backend = v
-		case cocoon.HypervisorFirecracker:
-			return o, fmt.Errorf("annotation %s=%s: %s: drop the annotation to run the pod on %s", AnnotationBackend, v, firecrackerUnsupported, cocoon.HypervisorCloudHypervisor)
 		default:
-			return o, fmt.Errorf("annotation %s=%q: want %q", AnnotationBackend, v, cocoon.HypervisorCloudHypervisor)
+			return o, fmt.Errorf("annotation %s=%q: want %q or %q", AnnotationBackend, v, cocoon.HypervisorCloudHypervisor, cocoon.HypervisorFirecracker)
 		}
 	}
 	if v, ok := annotations[AnnotationNoDirectIO]; ok {

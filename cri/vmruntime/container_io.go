@@ -52,10 +52,10 @@ func (s *Server) startIO(sb *store.Sandbox, c *store.Container) {
 	if len(argv) == 0 && cio.log != nil {
 		consoleSink = cio.log.Stream(runtimeapi.Stdout)
 	}
-	apiSocket := c.VM.APISocket
+	apiSocket, hypervisor := c.VM.APISocket, c.VM.Backend
 	cio.console = streaming.NewConsole(func(ctx context.Context) (io.ReadWriteCloser, error) {
 		// Asked anew at each connection: a restarted hypervisor has a new PTY.
-		open, err := streaming.FindConsole(ctx, apiSocket)
+		open, err := streaming.FindConsole(ctx, hypervisor, apiSocket)
 		if err != nil {
 			return nil, err
 		}

@@ -114,12 +114,16 @@ func (s *Server) makeVM(ctx context.Context, cc *cocoon.Client, c *store.Contain
 			NoDirectIO: spec.NoDirectIO, OnDemand: spec.OnDemand, Pull: spec.PullBase,
 			CPU: spec.CPU, Memory: spec.Memory,
 		}
+		if spec.Backend == cocoon.HypervisorFirecracker {
+			// cocoon refuses any size on a Firecracker clone, even the snapshot's own.
+			opts.CPU, opts.Memory, opts.Storage = 0, 0, 0
+		}
 		return cc.VMClone(ctx, spec.Source, opts)
 	}
 	created, err := cc.VMCreate(ctx, spec.Source, cocoon.CreateOptions{
 		Name: spec.Name, CPU: spec.CPU, Memory: spec.Memory, Storage: spec.Storage,
 		NICs: spec.NICs, Network: tapmanager.CocoonNetwork,
-		NoDirectIO: spec.NoDirectIO, Windows: spec.Windows,
+		NoDirectIO: spec.NoDirectIO, Windows: spec.Windows, Firecracker: spec.Backend == cocoon.HypervisorFirecracker,
 	})
 	if err != nil {
 		return nil, err

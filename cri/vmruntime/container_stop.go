@@ -53,12 +53,12 @@ func (s *Server) StopContainer(ctx context.Context, req *runtimeapi.StopContaine
 const mainExitStopTimeout = 10 * time.Second
 
 // stopVM stops a running container's VM and records it EXITED with the status the stop implies.
-// A direct-boot guest is first asked to power off through the exec path, within timeout, since
-// cocoon would stop it at once. The caller holds the sandbox lock.
+// A guest cocoon would stop at once (store.VM.StopsAtOnce) is first asked to power off through
+// the exec path, within timeout. The caller holds the sandbox lock.
 func (s *Server) stopVM(ctx context.Context, sb *store.Sandbox, c *store.Container, timeout time.Duration) error {
 	start := s.nowFunc()
 	var asked powerOffAnswer
-	if c.VM.DirectBoot && timeout > 0 {
+	if c.VM.StopsAtOnce() && timeout > 0 {
 		asked = s.askGuestPowerOff(ctx, sb, c, timeout)
 	}
 	err := s.powerOff(ctx, sb, c, timeout)
@@ -71,11 +71,11 @@ func (s *Server) stopVM(ctx context.Context, sb *store.Sandbox, c *store.Contain
 		return err
 	case timeout == 0:
 		status = exitStatus{killedExitCode, reasonError, "VM stopped forcibly (timeout 0)"}
-	case c.VM.DirectBoot && asked.poweredOff:
+	case c.VM.StopsAtOnce() && asked.poweredOff:
 		status.message = "the guest powered off when asked through exec"
-	case c.VM.DirectBoot:
+	case c.VM.StopsAtOnce():
 		status = exitStatus{killedExitCode, reasonError, fmt.Sprintf("the guest did not power off when asked through exec within %s (%s); "+
-			"cocoon stopped the VM forcibly, as it stops every direct-boot VM", timeout, asked.why)}
+			"cocoon stopped the VM forcibly, as it stops every direct-boot cloud-hypervisor VM", timeout, asked.why)}
 	case took >= timeout:
 		status = exitStatus{killedExitCode, reasonError, fmt.Sprintf("the guest did not power off within %s; cocoon stopped the VM forcibly", timeout)}
 	}

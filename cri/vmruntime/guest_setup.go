@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
 	"github.com/cocoonstack/cocoon-cri/pkg/syncio"
 	"github.com/cocoonstack/cocoon-cri/streaming"
@@ -87,10 +88,23 @@ func (s *Server) reseedClone(ctx context.Context, c *store.Container, log *slog.
 // guestOutputTail is how much of the guest's output to its set-up is kept for the log.
 const guestOutputTail = 4 << 10
 
+// adoptSoleNIC, with no interface at the pod's MAC, takes the guest's only Ethernet interface
+// other than loopback and gives it that MAC.
+const adoptSoleNIC = `if [ -z "$dev" ]; then
+n=0
+for d in /sys/class/net/*; do [ "${d##*/}" != lo ] && [ "$(cat "$d/type" 2>/dev/null)" = 1 ] && { dev=${d##*/}; n=$((n+1)); }; done
+[ "$n" = 1 ] || { echo "no interface with MAC $mac, and $n Ethernet interfaces to give it to" >&2; exit 1; }
+ip link set "$dev" down
+ip link set "$dev" address "$mac"
+fi
+`
+
 // guestSetupScript is the shell script that configures the guest. Its parts are independent: one
 // that fails (a hostname the guest refuses) does not keep the others from being applied, and the
 // script still exits non-zero so the failure is logged. The NIC is found by the pod interface's
-// MAC, which cocoon gave it: its name in the guest depends on the guest.
+// MAC, which cocoon gave it: its name in the guest depends on the guest. A Firecracker clone's
+// NIC keeps its snapshot's MAC (cocoon can only point it at a new TAP), so there the guest's one
+// Ethernet interface is taken and given the pod's MAC, as cocoon's own clone hints advise.
 func guestSetupScript(sb *store.Sandbox, c *store.Container) string {
 	cfg := sb.Config.Msg
 	var b strings.Builder
@@ -102,6 +116,9 @@ func guestSetupScript(sb *store.Sandbox, c *store.Container) string {
 				b.WriteString("(\nset -e\n")
 				fmt.Fprintf(&b, "mac=%s\ndev=\n", streaming.ShellQuote([]string{strings.ToLower(sb.Network.MAC)}))
 				b.WriteString("for d in /sys/class/net/*; do [ \"$(cat \"$d/address\" 2>/dev/null)\" = \"$mac\" ] && dev=${d##*/}; done\n")
+				if c.VM.Backend == cocoon.HypervisorFirecracker {
+					b.WriteString(adoptSoleNIC)
+				}
 				b.WriteString("[ -n \"$dev\" ] || { echo \"no interface with MAC $mac\" >&2; exit 1; }\n")
 				b.WriteString("ip link set \"$dev\" up\nip addr flush dev \"$dev\"\n")
 				fmt.Fprintf(&b, "ip addr add %s/%d dev \"$dev\"\n", addr.IP, ones)

@@ -1,6 +1,7 @@
 package vmruntime
 
 import (
+	"cmp"
 	"fmt"
 
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -34,9 +35,19 @@ func (s *Server) planVM(id string, cfg *runtimeapi.ContainerConfig, sb *store.Sa
 		if snap == nil {
 			return vm, fmt.Errorf("image %s has no snapshot description; re-import it", img.ID)
 		}
-		if snap.Hypervisor != cocoon.HypervisorCloudHypervisor {
-			return vm, invalid("image %s is a snapshot taken under %s; %s: use a snapshot taken under %s",
-				img.RepoTags, snap.Hypervisor, firecrackerUnsupported, cocoon.HypervisorCloudHypervisor)
+		firecracker := snap.Hypervisor == cocoon.HypervisorFirecracker
+		switch {
+		case snap.Hypervisor != cocoon.HypervisorCloudHypervisor && !firecracker:
+			return vm, invalid("image %s is a snapshot taken under %q, a hypervisor cocoon-cri does not know: use one taken under %s or %s",
+				img.RepoTags, snap.Hypervisor, cocoon.HypervisorCloudHypervisor, cocoon.HypervisorFirecracker)
+		case sb.VM.Backend != "" && sb.VM.Backend != snap.Hypervisor:
+			return vm, invalid("annotation %s=%s, but image %s is a snapshot taken under %s, and a clone runs under its snapshot's hypervisor: "+
+				"drop the annotation or use a snapshot taken under %s", AnnotationBackend, sb.VM.Backend, img.RepoTags, snap.Hypervisor, sb.VM.Backend)
+		case firecracker && snap.NICs == 0:
+			// cloud-hypervisor hot-plugs the pod's NIC into such a clone; Firecracker restores a
+			// snapshot's devices as they were.
+			return vm, invalid("image %s is a Firecracker snapshot of a VM without a NIC, and Firecracker cannot add one to a clone, "+
+				"so the pod's network could not reach it: take the snapshot from a VM with one NIC", img.RepoTags)
 		}
 		if snap.NICs > 1 {
 			return vm, invalid("image %s is a snapshot of a VM with %d NICs; a pod has one network interface, so its VM must have one NIC",
@@ -58,6 +69,8 @@ func (s *Server) planVM(id string, cfg *runtimeapi.ContainerConfig, sb *store.Sa
 		if snap.NICs == 0 {
 			vm.NICs = 1
 		}
+		// cocoon refuses to resize a Firecracker clone in every release.
+		cloneResizes = cloneResizes && !firecracker
 		vm.CPU, vm.Memory, vm.Storage = snap.CPU, snap.Memory, snap.Storage
 		vm.Windows = snap.Windows
 		vm.DirectBoot = snap.ImageType != cocoon.ImageTypeCloudImg
@@ -65,7 +78,9 @@ func (s *Server) planVM(id string, cfg *runtimeapi.ContainerConfig, sb *store.Sa
 		if cloneResizes {
 			vm.CPU, vm.Memory = max(vm.CPU, cpus), max(vm.Memory, memory)
 		}
-		vm.OnDemand = true
+		// Firecracker maps a clone's memory from its own hard link of the snapshot's: the snapshot
+		// may go.
+		vm.OnDemand = !firecracker
 		switch {
 		case cloneResizes:
 			vm.Storage = max(vm.Storage, sb.VM.Storage)
@@ -77,9 +92,13 @@ func (s *Server) planVM(id string, cfg *runtimeapi.ContainerConfig, sb *store.Sa
 	case store.ImageCloud, store.ImageOCI:
 		vm.Mode = store.VMBoot
 		vm.NICs = 1
-		vm.Backend = cocoon.HypervisorCloudHypervisor
+		vm.Backend = cmp.Or(sb.VM.Backend, cocoon.HypervisorCloudHypervisor)
 		vm.Windows = sb.VM.Windows
 		vm.DirectBoot = img.Kind == store.ImageOCI
+		if vm.Backend == cocoon.HypervisorFirecracker && img.Kind != store.ImageOCI {
+			return vm, invalid("image %s is a cloud image (UEFI boot), and Firecracker boots OCI VM images only (direct kernel boot): "+
+				"drop annotation %s=%s or use an OCI VM image", img.RepoTags, AnnotationBackend, cocoon.HypervisorFirecracker)
+		}
 		if img.Kind == store.ImageOCI && vm.Windows {
 			return vm, invalid("image %s is an OCI VM image (direct kernel boot); Windows guests need a cloud image: drop annotation %s=windows",
 				img.RepoTags, AnnotationOS)

@@ -43,7 +43,10 @@ var (
 	chSnapshot = &store.Image{ID: "sha256:s", Kind: store.ImageSnapshot, LocalName: "cri-sha256-s",
 		Snapshot: &store.SnapshotInfo{CPU: 2, Memory: 2 << 30, Storage: 20 << 30, Hypervisor: cocoon.HypervisorCloudHypervisor}}
 	fcSnapshot = &store.Image{ID: "sha256:f", Kind: store.ImageSnapshot, LocalName: "cri-sha256-f",
+		Snapshot: &store.SnapshotInfo{CPU: 1, Memory: 1 << 30, Storage: 10 << 30, NICs: 1, Hypervisor: cocoon.HypervisorFirecracker}}
+	fcSnapshotNoNIC = &store.Image{ID: "sha256:n", Kind: store.ImageSnapshot, LocalName: "cri-sha256-n",
 		Snapshot: &store.SnapshotInfo{CPU: 1, Memory: 1 << 30, Storage: 10 << 30, Hypervisor: cocoon.HypervisorFirecracker}}
+	ociImage = &store.Image{ID: "sha256:o", Kind: store.ImageOCI}
 )
 
 const id64 = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
@@ -144,14 +147,17 @@ func TestPlanRefusesWhatCocoonCannotDo(t *testing.T) {
 		img      *store.Image
 		want     string
 	}{
-		{"firecracker snapshot", nil, fcSnapshot, "snapshot taken under firecracker; cocoon-cri does not run Firecracker VMs yet"},
-		{"windows OCI image", map[string]string{AnnotationOS: "windows"}, &store.Image{ID: "sha256:o", Kind: store.ImageOCI}, "Windows guests need a cloud image"},
+		{"firecracker snapshot without a NIC", nil, fcSnapshotNoNIC, "Firecracker cannot add one to a clone"},
+		{"backend other than the snapshot's", map[string]string{AnnotationBackend: "cloud-hypervisor"}, fcSnapshot, "a clone runs under its snapshot's hypervisor"},
+		{"firecracker with a cloud image", map[string]string{AnnotationBackend: "firecracker"}, cloudImage, "Firecracker boots OCI VM images only"},
+		{"unknown snapshot hypervisor", nil, &store.Image{ID: "sha256:q", Kind: store.ImageSnapshot, Snapshot: &store.SnapshotInfo{Hypervisor: "qemu"}}, "a hypervisor cocoon-cri does not know"},
+		{"windows OCI image", map[string]string{AnnotationOS: "windows"}, ociImage, "Windows guests need a cloud image"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := s.planVM(id64, container(nil), podSandbox(tc.annotate), tc.img, true)
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("err = %v, want it to say %q", err, tc.want)
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want InvalidArgument saying %q", err, tc.want)
 			}
 		})
 	}
@@ -181,9 +187,34 @@ func TestParseVMOptions(t *testing.T) {
 			t.Errorf("%s: %v accepted", name, bad)
 		}
 	}
-	_, err = parseVMOptions(map[string]string{AnnotationBackend: "firecracker"})
-	if err == nil || !strings.Contains(err.Error(), "does not run Firecracker VMs yet") || !strings.Contains(err.Error(), "drop the annotation") {
-		t.Errorf("the firecracker backend: %v, want a refusal saying what to do", err)
+	if opts, err := parseVMOptions(map[string]string{AnnotationBackend: "firecracker"}); err != nil || opts.Backend != "firecracker" {
+		t.Errorf("the firecracker backend: %+v, %v", opts, err)
+	}
+}
+
+// A Firecracker clone has its snapshot's size and NIC in every release: nothing to resize, no
+// --nics, and the snapshot's memory file is not needed once cloned. A VM image boots under the
+// annotation's hypervisor, and stops gracefully there without the exec path.
+func TestFirecrackerPlans(t *testing.T) {
+	s := testServer()
+	big := &runtimeapi.LinuxContainerResources{CpuQuota: 200000, CpuPeriod: 100000, MemoryLimitInBytes: 4 << 30}
+	vm, err := s.planVM(id64, container(big), podSandbox(nil), fcSnapshot, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if vm.Backend != cocoon.HypervisorFirecracker || vm.CPU != 1 || vm.Memory != 1<<30 || vm.NICs != 0 || vm.OnDemand || vm.StopsAtOnce() {
+		t.Fatalf("clone plan %+v: want the snapshot's size under firecracker, no --nics, not on demand, a graceful stop", vm)
+	}
+	vm, err = s.planVM(id64, container(big), podSandbox(map[string]string{AnnotationBackend: "firecracker"}), ociImage, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if vm.Backend != cocoon.HypervisorFirecracker || vm.Mode != store.VMBoot || vm.CPU != 2 || vm.Memory != 4<<30 || !vm.DirectBoot || vm.StopsAtOnce() {
+		t.Fatalf("boot plan %+v", vm)
+	}
+	vm, err = s.planVM(id64, container(nil), podSandbox(nil), ociImage, false)
+	if err != nil || vm.Backend != cocoon.HypervisorCloudHypervisor || !vm.StopsAtOnce() {
+		t.Fatalf("a direct boot without the annotation: %+v, %v: want cloud-hypervisor, stopped at once by cocoon", vm, err)
 	}
 }
 

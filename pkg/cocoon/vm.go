@@ -20,6 +20,8 @@ type CreateOptions struct {
 	Bridge     string // TAP on this host bridge instead of CNI
 	NoDirectIO bool
 	Windows    bool
+	// Firecracker runs the VM under Firecracker instead of cloud-hypervisor (OCI images only).
+	Firecracker bool
 }
 
 func (o CreateOptions) args() []string {
@@ -32,6 +34,7 @@ func (o CreateOptions) args() []string {
 	args = appendIf(args, o.Bridge != "", "--bridge", o.Bridge)
 	args = appendIf(args, o.NoDirectIO, "--no-direct-io")
 	args = appendIf(args, o.Windows, "--windows")
+	args = appendIf(args, o.Firecracker, "--fc")
 	return args
 }
 

@@ -152,8 +152,7 @@ type VM struct {
 	// NICs is the --nics to give cocoon; 0 keeps a snapshot's count.
 	NICs int `json:"nics,omitempty"`
 	// DirectBoot: the guest boots its kernel directly (an OCI VM image, or a snapshot of a VM that
-	// did). cocoon's vm stop presses no power button for such a VM: it stops it at once, whatever
-	// the timeout, so a graceful stop must ask the guest itself.
+	// did). See StopsAtOnce.
 	DirectBoot bool `json:"direct_boot,omitempty"`
 	// OnDemand marks a clone that reads its memory lazily from the source snapshot, which must stay
 	// on disk while the VM exists.
@@ -259,3 +258,12 @@ func (i *Image) clone() *Image {
 	}
 	return &c
 }
+
+// StopsAtOnce says that cocoon's vm stop ends this VM at once, whatever the timeout: it presses
+// no power button for a direct-boot guest under cloud-hypervisor, so a graceful stop must ask the
+// guest itself. A UEFI guest gets the ACPI power button and a Firecracker one Ctrl-Alt-Del, with
+// the timeout to power off.
+func (v VM) StopsAtOnce() bool { return v.DirectBoot && v.Backend != backendFirecracker }
+
+// backendFirecracker is cocoon.HypervisorFirecracker, which records do not import.
+const backendFirecracker = "firecracker"

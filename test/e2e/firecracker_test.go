@@ -1,0 +1,125 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
+	"github.com/cocoonstack/cocoon-cri/test/testimage"
+)
+
+// fcSnapshot is a Firecracker snapshot of a VM with one NIC.
+func fcSnapshot(spec guest.Spec) testimage.SnapshotOptions {
+	return testimage.SnapshotOptions{Hypervisor: cocoon.HypervisorFirecracker, NICs: 1, Guest: spec}
+}
+
+// TestFirecrackerSnapshotPod: a pod from a Firecracker snapshot runs under Firecracker. Its
+// guest, which woke with the snapshot's MAC, answers at the pod IP with the pod interface's MAC;
+// exec reaches it through cocoon-agent; the console (cocoon's relay on console.sock) is the
+// container's log and takes attach input; a stop is the guest's own clean power-off
+// (Ctrl-Alt-Del), and removing the pod leaves nothing.
+func TestFirecrackerSnapshotPod(t *testing.T) {
+	n := newNode(t)
+	n.importImage(snapRef, n.snapshotImage("fc", fcSnapshot(guest.Spec{})))
+	podID, ctrID, _ := n.runningPod("fcweb", snapRef)
+
+	vmName, _ := field(n.inspect("inspect", ctrID), "info", "vm", "name").(string)
+	vm, err := n.vm(vmName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", vm.PID))
+	if vm.Hypervisor != cocoon.HypervisorFirecracker || filepath.Base(strings.Split(string(cmdline), "\x00")[0]) != "firecracker" {
+		t.Fatalf("cocoon's VM runs under %q, process %q", vm.Hypervisor, cmdline)
+	}
+	ip := n.podIP(podID)
+	if line := n.guestAnswer(fmt.Sprintf("%s:%d", ip, guestPort), "fcweb", ip); line != "fcweb "+ip+"\n" {
+		t.Fatalf("the guest at %s answered %q, want the pod's hostname and IP", ip, line)
+	}
+	podMAC, _ := field(n.inspect("inspectp", podID), "info", "network", "mac").(string)
+	if podMAC == "" || n.neighbourMAC(ip) != podMAC {
+		t.Fatalf("the node sees %s at %q, the pod interface has %q", ip, n.neighbourMAC(ip), podMAC)
+	}
+	if out := n.mustCrictl("exec", ctrID, "cat", "/sys/class/net/eth0/address"); out != podMAC {
+		t.Fatalf("the guest's NIC has MAC %q, want the pod's %q", out, podMAC)
+	}
+
+	// Console output from before cocoon-cri connects is gone (the relay keeps nothing); what is
+	// typed now is echoed and answered through it.
+	ctx, cancel := within()
+	defer cancel()
+	url := n.attachURL(&runtimeapi.AttachRequest{ContainerId: ctrID, Stdin: true, Stdout: true})
+	res := make(chan streamResult, 1)
+	go func() {
+		res <- n.stream(ctx, url, &slowReader{ctx: ctx, data: []byte("typed-at-the-fc-console\n")}, streamOpts{})
+	}()
+	n.waitLog(ctrID, "you typed: typed-at-the-fc-console", res)
+	cancel()
+	if r := <-res; !strings.Contains(r.stdout, "you typed: typed-at-the-fc-console") {
+		t.Fatalf("attach saw %q", r.stdout)
+	}
+
+	n.mustCrictl("stop", "--timeout", "20", ctrID)
+	st := n.inspect("inspect", ctrID)["status"].(map[string]any)
+	if st["exitCode"] != 0.0 || st["reason"] != "Completed" || st["message"] != "VM powered off" {
+		t.Fatalf("after stop: %v", st)
+	}
+	if processAlive(vm.PID) {
+		t.Fatalf("firecracker %d still runs after the stop", vm.PID)
+	}
+	n.mustCrictl("rmp", "--force", podID)
+	if left := n.leftovers(); len(left) != 0 {
+		t.Fatalf("left behind: %v", left)
+	}
+}
+
+// TestFirecrackerStopEscalates: a guest that ignores Ctrl-Alt-Del is stopped forcibly at the
+// timeout, and the status says so.
+func TestFirecrackerStopEscalates(t *testing.T) {
+	n := newNode(t)
+	n.importImage(snapRef, n.snapshotImage("fc", fcSnapshot(guest.Spec{IgnorePowerButton: true})))
+	_, ctrID, _ := n.runningPod("fcstubborn", snapRef)
+	pid := n.vmPID(ctrID)
+	n.mustCrictl("stop", "--timeout", "2", ctrID)
+	st := n.inspect("inspect", ctrID)["status"].(map[string]any)
+	if st["exitCode"] != 137.0 || !strings.Contains(st["message"].(string), "did not power off within 2s") {
+		t.Fatalf("after stop: %v", st)
+	}
+	if processAlive(pid) {
+		t.Fatalf("firecracker %d survived the escalation", pid)
+	}
+}
+
+// TestFirecrackerRefusals: what Firecracker cannot run is refused at CreateContainer with
+// InvalidArgument and leaves no VM.
+func TestFirecrackerRefusals(t *testing.T) {
+	n := newNode(t)
+	n.importImage("e2e/fc-nonic:v1", n.snapshotImage("fcnonic", testimage.SnapshotOptions{Hypervisor: cocoon.HypervisorFirecracker}))
+	n.withSnapshot()
+	for _, tc := range []struct {
+		name, image string
+		annotations map[string]string
+		want        string
+	}{
+		{"nonic", "e2e/fc-nonic:v1", nil, "Firecracker cannot add one to a clone"},
+		{"mismatch", snapRef, map[string]string{"vm.cocoonstack.io/backend": cocoon.HypervisorFirecracker}, "a clone runs under its snapshot's hypervisor"},
+	} {
+		pod := n.podConfig(tc.name, "uid-"+tc.name)
+		pod.Annotations = tc.annotations
+		podFile := n.configFile(tc.name+"-pod.json", pod)
+		podID := n.mustCrictl("runp", "--runtime", "cocoon", podFile)
+		_, err := n.crictl("create", "--no-pull", podID, n.configFile(tc.name+"-ctr.json", containerConfig("app", tc.image)), podFile)
+		if err == nil || !strings.Contains(err.Error(), "InvalidArgument") || !strings.Contains(err.Error(), tc.want) {
+			t.Fatalf("%s: create: %v, want InvalidArgument saying %q", tc.name, err, tc.want)
+		}
+	}
+	if vms := n.vms(); len(vms) != 0 {
+		t.Fatalf("VMs after refused creates: %+v", vms)
+	}
+}
