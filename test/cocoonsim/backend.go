@@ -34,6 +34,15 @@ var (
 	kindFC = backendKind{typ: cocoon.HypervisorFirecracker, dir: "firecracker", pidFile: "fc.pid", logFile: "firecracker.log"}
 )
 
+// tapQueues is the virtio-net queue count of the backend's TAPs: Firecracker opens a TAP
+// single-queue (one TX+RX pair), cloud-hypervisor one pair per vCPU (0: derived from the vCPUs).
+func (k backendKind) tapQueues() int {
+	if k == kindFC {
+		return 2
+	}
+	return 0
+}
+
 // backend is one hypervisor backend's index and directories.
 type backend struct {
 	kind backendKind

@@ -24,9 +24,10 @@ var errNetworkNotConfigured = errors.New("network provider not configured")
 
 // networkProvider is cocoon's network.Network as far as the VM commands use it.
 type networkProvider interface {
-	// config sets up numNICs NICs for vmID. With existing configs it is a recovery: the NICs are
-	// recreated with their persisted MACs (and IPs, where IPAM honours them).
-	config(ctx context.Context, vmID string, numNICs int, vmCfg *cocoon.VMConfig, existing ...*cocoon.NetworkConfig) ([]*cocoon.NetworkConfig, error)
+	// config sets up numNICs NICs for vmID, with TAPs of queues virtio-net queues (0: derived from
+	// the vCPUs; Firecracker opens its TAPs single-queue). With existing configs it is a
+	// recovery: the NICs are recreated with their persisted MACs (and IPs, where IPAM honours them).
+	config(ctx context.Context, vmID string, numNICs int, vmCfg *cocoon.VMConfig, queues int, existing ...*cocoon.NetworkConfig) ([]*cocoon.NetworkConfig, error)
 	// verify reports whether the VM's network is still in place.
 	verify(vmID string) error
 	// remove releases the network of deleted VMs.
@@ -36,7 +37,7 @@ type networkProvider interface {
 // initNetwork configures the NICs of a new VM and returns the provider that owns them, for a
 // rollback. No NICs means no network at all. A CNI config records the conflist it used in
 // vmCfg.Network.
-func (a *app) initNetwork(ctx context.Context, vmID string, nics int, vmCfg *cocoon.VMConfig, bridgeDev string) (networkProvider, []*cocoon.NetworkConfig, error) {
+func (a *app) initNetwork(ctx context.Context, vmID string, nics int, vmCfg *cocoon.VMConfig, queues int, bridgeDev string) (networkProvider, []*cocoon.NetworkConfig, error) {
 	if nics <= 0 {
 		return nil, nil, nil
 	}
@@ -44,7 +45,7 @@ func (a *app) initNetwork(ctx context.Context, vmID string, nics int, vmCfg *coc
 	if err != nil {
 		return nil, nil, fmt.Errorf("init network: %w", err)
 	}
-	configs, err := provider.config(ctx, vmID, nics, vmCfg)
+	configs, err := provider.config(ctx, vmID, nics, vmCfg, queues)
 	if err != nil {
 		return nil, nil, fmt.Errorf("configure network: %w", err)
 	}
@@ -112,7 +113,7 @@ func (a *app) recoverNetworks(ctx context.Context, b *backend, refs []string) {
 			continue
 		}
 		logger.Warnf("network missing for VM %s, recovering", vm.ID)
-		if _, err := provider.config(ctx, vm.ID, len(vm.NetworkConfigs), &vm.Config, vm.NetworkConfigs...); err != nil {
+		if _, err := provider.config(ctx, vm.ID, len(vm.NetworkConfigs), &vm.Config, vm.NetworkConfigs[0].NumQueues, vm.NetworkConfigs...); err != nil {
 			logger.Warnf("recover network for VM %s: %v (start will fail)", vm.ID, err)
 		}
 	}

@@ -1,6 +1,7 @@
 package cocoonsim
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"fmt"
@@ -49,7 +50,7 @@ func (b *bridgeNetwork) verify(vmID string) error {
 }
 
 // config creates the TAPs; a recovery (existing configs) keeps the persisted MACs.
-func (b *bridgeNetwork) config(_ context.Context, vmID string, numNICs int, vmCfg *cocoon.VMConfig, existing ...*cocoon.NetworkConfig) ([]*cocoon.NetworkConfig, error) {
+func (b *bridgeNetwork) config(_ context.Context, vmID string, numNICs int, vmCfg *cocoon.VMConfig, queues int, existing ...*cocoon.NetworkConfig) ([]*cocoon.NetworkConfig, error) {
 	br, err := netlink.LinkByIndex(b.index)
 	if err != nil {
 		return nil, fmt.Errorf("find bridge: %w", err)
@@ -61,7 +62,7 @@ func (b *bridgeNetwork) config(_ context.Context, vmID string, numNICs int, vmCf
 		if i < len(existing) && existing[i] != nil {
 			mac = existing[i].Mac
 		}
-		numQueues := netNumQueues(vmCfg.CPU)
+		numQueues := cmp.Or(queues, netNumQueues(vmCfg.CPU))
 		if err := createTAP(name, numQueues); err != nil {
 			return nil, fmt.Errorf("create tap %s: %w", name, err)
 		}

@@ -1,6 +1,7 @@
 package cocoonsim
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -108,7 +109,7 @@ func (c *cniNetwork) verify(vmID string) error {
 // of a VM whose netns vanished) each NIC first gets a CNI DEL, then an ADD that asks IPAM for its
 // old IP, and keeps its old MAC; records are not touched then. On failure everything added so far
 // is deleted again and the netns removed. vmCfg.Network is set to the conflist used.
-func (c *cniNetwork) config(ctx context.Context, vmID string, numNICs int, vmCfg *cocoon.VMConfig, existing ...*cocoon.NetworkConfig) (configs []*cocoon.NetworkConfig, retErr error) {
+func (c *cniNetwork) config(ctx context.Context, vmID string, numNICs int, vmCfg *cocoon.VMConfig, queues int, existing ...*cocoon.NetworkConfig) (configs []*cocoon.NetworkConfig, retErr error) {
 	if c.cni == nil {
 		return nil, fmt.Errorf("%w: no conflist found in %s", errNetworkNotConfigured, c.confDir)
 	}
@@ -135,7 +136,7 @@ func (c *cniNetwork) config(ctx context.Context, vmID string, numNICs int, vmCfg
 		_ = deleteNetns(ctx, nsName)
 	}()
 
-	numQueues := netNumQueues(vmCfg.CPU)
+	numQueues := cmp.Or(queues, netNumQueues(vmCfg.CPU))
 	for i := range numNICs {
 		ifName := fmt.Sprintf("eth%d", i)
 		rt := &libcni.RuntimeConf{ContainerID: vmID, NetNS: nsPath, IfName: ifName}

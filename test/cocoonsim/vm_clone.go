@@ -127,7 +127,7 @@ func (a *app) prepareClone(cmd *cobra.Command, snap *cocoon.SnapshotConfig, kind
 		return nil, fmt.Errorf("--nics %d below snapshot minimum %d", nics, snap.NICs)
 	}
 	bridgeDev, _ := cmd.Flags().GetString("bridge")
-	provider, nets, err := a.initNetwork(cmd.Context(), vmID, nics, &spec.VMConfig, bridgeDev)
+	provider, nets, err := a.initNetwork(cmd.Context(), vmID, nics, &spec.VMConfig, kind.tapQueues(), bridgeDev)
 	if err != nil {
 		return nil, err
 	}

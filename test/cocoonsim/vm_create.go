@@ -99,7 +99,7 @@ func (a *app) createVM(cmd *cobra.Command, image string) (*cocoon.VM, *backend, 
 	}
 	vmID := generateID()
 	nics, _ := cmd.Flags().GetInt("nics")
-	provider, nets, err := a.initNetwork(cmd.Context(), vmID, nics, &spec.VMConfig, bridgeDev)
+	provider, nets, err := a.initNetwork(cmd.Context(), vmID, nics, &spec.VMConfig, kind.tapQueues(), bridgeDev)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
+	"github.com/cocoonstack/cocoon-cri/test/registry"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
 )
 
@@ -72,6 +73,47 @@ func TestFirecrackerSnapshotPod(t *testing.T) {
 	}
 	if processAlive(vm.PID) {
 		t.Fatalf("firecracker %d still runs after the stop", vm.PID)
+	}
+	n.mustCrictl("rmp", "--force", podID)
+	if left := n.leftovers(); len(left) != 0 {
+		t.Fatalf("left behind: %v", left)
+	}
+}
+
+// TestFirecrackerVMImagePod: an OCI VM image pod annotated for Firecracker boots under it with
+// the container's size (vm create --fc), takes the pod's address from its kernel command line, and
+// stops cleanly on Ctrl-Alt-Del.
+func TestFirecrackerVMImagePod(t *testing.T) {
+	if !erofsHasTar() {
+		t.Skip("cocoon cannot import an OCI VM image without mkfs.erofs --tar (make setup builds one)")
+	}
+	n := newNode(t)
+	reg := n.registry(registry.Options{})
+	n.pushOCIImage(reg.Target(), "e2e/vm:v1")
+	ref := reg.Host + "/e2e/vm:v1"
+	n.pull(ref)
+	pod := n.podConfig("fcboot", "uid-fcboot")
+	pod.Annotations = map[string]string{"vm.cocoonstack.io/backend": cocoon.HypervisorFirecracker}
+	podFile := n.configFile("pod.json", pod)
+	podID := n.mustCrictl("runp", "--runtime", "cocoon", podFile)
+	cfg := containerConfig("os", ref)
+	cfg.Linux.Resources.CpuQuota, cfg.Linux.Resources.MemoryLimitInBytes = 200000, 768<<20
+	ctrID := n.startContainer(podID, podFile, cfg)
+
+	vm, err := n.vm(field(n.inspect("inspect", ctrID), "info", "vm", "id").(string))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if vm.Hypervisor != cocoon.HypervisorFirecracker || vm.Config.CPU != 2 || vm.Config.Memory != 768<<20 {
+		t.Fatalf("cocoon VM: %+v", vm)
+	}
+	ip := n.podIP(podID)
+	if line := n.guestAnswer(fmt.Sprintf("%s:%d", ip, guestPort), "fcboot", ip); line != "fcboot "+ip+"\n" {
+		t.Fatalf("the guest at %s answered %q", ip, line)
+	}
+	n.mustCrictl("stop", "--timeout", "20", ctrID)
+	if st := n.inspect("inspect", ctrID)["status"].(map[string]any); st["exitCode"] != 0.0 || st["message"] != "VM powered off" {
+		t.Fatalf("after stop: %v", st)
 	}
 	n.mustCrictl("rmp", "--force", podID)
 	if left := n.leftovers(); len(left) != 0 {
