@@ -7,8 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
-
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
 	"github.com/cocoonstack/cocoon-cri/test/registry"
@@ -53,18 +51,10 @@ func TestFirecrackerSnapshotPod(t *testing.T) {
 
 	// Console output from before cocoon-cri connects is gone (the relay keeps nothing); what is
 	// typed now is echoed and answered through it.
-	ctx, cancel := within()
-	defer cancel()
-	url := n.attachURL(&runtimeapi.AttachRequest{ContainerId: ctrID, Stdin: true, Stdout: true})
-	res := make(chan streamResult, 1)
-	go func() {
-		res <- n.stream(ctx, url, &slowReader{ctx: ctx, data: []byte("typed-at-the-fc-console\n")}, streamOpts{})
-	}()
-	n.waitLog(ctrID, "you typed: typed-at-the-fc-console", res)
-	cancel()
-	if r := <-res; !strings.Contains(r.stdout, "you typed: typed-at-the-fc-console") {
-		t.Fatalf("attach saw %q", r.stdout)
-	}
+	n.typeAtConsole(ctrID, "typed-at-the-fc-console")
+	// The relay serves one session: a restarted cocoon-cri gets it once the old one is gone.
+	n.restart()
+	n.typeAtConsole(ctrID, "after-the-restart")
 
 	n.mustCrictl("stop", "--timeout", "20", ctrID)
 	st := n.inspect("inspect", ctrID)["status"].(map[string]any)

@@ -171,19 +171,25 @@ func checkConsole(t *testing.T, n *node) {
 	if future := n.mustCrictl("logs", "--since", time.Now().Add(time.Hour).Format(time.RFC3339), ctrID); future != "" {
 		t.Fatalf("logs --since an hour ahead: %q", future)
 	}
+	// The guest echoes what is typed, and answers the line: both reach the log and the client.
+	n.typeAtConsole(ctrID, "typed-at-the-console")
+}
 
+// typeAtConsole types line at the container's console through attach and waits for the guest's
+// answer in the log and the session.
+func (n *node) typeAtConsole(ctrID, line string) {
+	n.t.Helper()
 	ctx, cancel := within()
 	defer cancel()
 	url := n.attachURL(&runtimeapi.AttachRequest{ContainerId: ctrID, Stdin: true, Stdout: true})
 	res := make(chan streamResult, 1)
 	go func() {
-		res <- n.stream(ctx, url, &slowReader{ctx: ctx, data: []byte("typed-at-the-console\n")}, streamOpts{})
+		res <- n.stream(ctx, url, &slowReader{ctx: ctx, data: []byte(line + "\n")}, streamOpts{})
 	}()
-	// The guest echoes what is typed, and answers the line: both reach the log and the client.
-	n.waitLog(ctrID, "you typed: typed-at-the-console", res)
+	n.waitLog(ctrID, "you typed: "+line, res)
 	cancel()
-	if r := <-res; !strings.Contains(r.stdout, "you typed: typed-at-the-console") {
-		t.Fatalf("attach saw %q", r.stdout)
+	if r := <-res; !strings.Contains(r.stdout, "you typed: "+line) {
+		n.t.Fatalf("attach saw %q", r.stdout)
 	}
 }
 
