@@ -129,14 +129,14 @@ func runFirecracker(name string, args []string) int {
 func (v *fcVMM) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", v.handleInstanceInfo)
-	mux.HandleFunc("PUT /machine-config", v.handleMachineConfig)
-	mux.HandleFunc("PUT /boot-source", v.handleBootSource)
-	mux.HandleFunc("PUT /drives/{id}", v.handlePutDrive)
+	mux.HandleFunc("PUT /machine-config", configure(v, applyMachineConfig))
+	mux.HandleFunc("PUT /boot-source", configure(v, applyBootSource))
+	mux.HandleFunc("PUT /drives/{id}", configure(v, applyDrive))
 	mux.HandleFunc("PATCH /drives/{id}", v.handlePatchDrive)
-	mux.HandleFunc("PUT /network-interfaces/{id}", v.handlePutNet)
-	mux.HandleFunc("PUT /balloon", v.handleBalloon)
-	mux.HandleFunc("PUT /entropy", v.handleEntropy)
-	mux.HandleFunc("PUT /vsock", v.handleVsock)
+	mux.HandleFunc("PUT /network-interfaces/{id}", configure(v, applyNetworkInterface))
+	mux.HandleFunc("PUT /balloon", configure(v, applyBalloon))
+	mux.HandleFunc("PUT /entropy", configure(v, func(*VMConfig, fcEntropy, *http.Request) error { return nil }))
+	mux.HandleFunc("PUT /vsock", configure(v, v.applyVsock))
 	mux.HandleFunc("PUT /actions", v.handleAction)
 	mux.HandleFunc("PATCH /vm", v.handleVMState)
 	mux.HandleFunc("PUT /snapshot/create", v.handleSnapshotCreate)
@@ -203,45 +203,58 @@ func (v *fcVMM) handleInstanceInfo(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, map[string]string{"id": v.id, "state": v.fcState(), "vmm_version": FirecrackerVersion, "app_name": "Firecracker"})
 }
 
-func (v *fcVMM) handleMachineConfig(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		VCPUCount  int    `json:"vcpu_count"`
-		MemSizeMiB int64  `json:"mem_size_mib"`
-		HugePages  string `json:"huge_pages,omitempty"`
-		SMT        bool   `json:"smt,omitempty"`
-	}
-	if !decodeFC(w, r, &req) {
-		return
-	}
-	v.configuring(w, func(c *VMConfig) error {
-		if req.VCPUCount < 1 || req.VCPUCount > 32 {
-			return fmt.Errorf("The vCPU number is invalid! The vCPU number can only be 1 or an even number when SMT is enabled.")
+// configure is the handler of a PUT that describes the machine before it starts: its body, a T
+// (unknown fields refused), is applied by apply, which also sees the request (the device ID in
+// its path).
+func configure[T any](v *fcVMM, apply func(c *VMConfig, req T, r *http.Request) error) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var req T
+		if !decodeFC(w, r, &req) {
+			return
 		}
-		if req.MemSizeMiB < 1 {
-			return fmt.Errorf("The memory size (MiB) is invalid.")
-		}
-		c.CPUs = CPUs{BootVCPUs: req.VCPUCount, MaxVCPUs: req.VCPUCount}
-		c.Memory = Memory{Size: req.MemSizeMiB << 20, HugePages: req.HugePages == "2M"}
-		return nil
-	})
+		v.configuring(w, func(c *VMConfig) error { return apply(c, req, r) })
+	}
 }
 
-func (v *fcVMM) handleBootSource(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		KernelImagePath string `json:"kernel_image_path"`
-		InitrdPath      string `json:"initrd_path,omitempty"`
-		BootArgs        string `json:"boot_args,omitempty"`
+// pathIDMatches is Firecracker's check that a device PUT names the same ID in its path and body.
+func pathIDMatches(r *http.Request, id string) error {
+	if id != r.PathValue("id") {
+		return errors.New("The id from the path does not match the id from the body!")
 	}
-	if !decodeFC(w, r, &req) {
-		return
+	return nil
+}
+
+type fcMachineConfig struct {
+	VCPUCount  int    `json:"vcpu_count"`
+	MemSizeMiB int64  `json:"mem_size_mib"`
+	HugePages  string `json:"huge_pages,omitempty"`
+	SMT        bool   `json:"smt,omitempty"`
+}
+
+func applyMachineConfig(c *VMConfig, req fcMachineConfig, _ *http.Request) error {
+	if req.VCPUCount < 1 || req.VCPUCount > 32 {
+		return errors.New("The vCPU number is invalid! The vCPU number can only be 1 or an even number when SMT is enabled.")
 	}
-	v.configuring(w, func(c *VMConfig) error {
-		if _, err := os.Stat(req.KernelImagePath); err != nil {
-			return fmt.Errorf("The kernel file cannot be opened: %v", err)
-		}
-		c.Payload = &Payload{Kernel: req.KernelImagePath, Initramfs: req.InitrdPath, Cmdline: req.BootArgs}
-		return nil
-	})
+	if req.MemSizeMiB < 1 {
+		return errors.New("The memory size (MiB) is invalid.")
+	}
+	c.CPUs = CPUs{BootVCPUs: req.VCPUCount, MaxVCPUs: req.VCPUCount}
+	c.Memory = Memory{Size: req.MemSizeMiB << 20, HugePages: req.HugePages == "2M"}
+	return nil
+}
+
+type fcBootSource struct {
+	KernelImagePath string `json:"kernel_image_path"`
+	InitrdPath      string `json:"initrd_path,omitempty"`
+	BootArgs        string `json:"boot_args,omitempty"`
+}
+
+func applyBootSource(c *VMConfig, req fcBootSource, _ *http.Request) error {
+	if _, err := os.Stat(req.KernelImagePath); err != nil {
+		return fmt.Errorf("The kernel file cannot be opened: %v", err)
+	}
+	c.Payload = &Payload{Kernel: req.KernelImagePath, Initramfs: req.InitrdPath, Cmdline: req.BootArgs}
+	return nil
 }
 
 type fcDrive struct {
@@ -252,22 +265,76 @@ type fcDrive struct {
 	IOEngine     string `json:"io_engine,omitempty"`
 }
 
-func (v *fcVMM) handlePutDrive(w http.ResponseWriter, r *http.Request) {
-	var req fcDrive
-	if !decodeFC(w, r, &req) {
-		return
+func applyDrive(c *VMConfig, req fcDrive, r *http.Request) error {
+	if err := pathIDMatches(r, req.DriveID); err != nil {
+		return err
 	}
-	if req.DriveID != r.PathValue("id") {
-		fcFault(w, "The id from the path does not match the id from the body!")
-		return
+	if _, err := os.Stat(req.PathOnHost); err != nil {
+		return fmt.Errorf("Unable to create the block device: %v", err)
 	}
-	v.configuring(w, func(c *VMConfig) error {
-		if _, err := os.Stat(req.PathOnHost); err != nil {
-			return fmt.Errorf("Unable to create the block device: %v", err)
+	c.Disks = upsert(c.Disks, Disk{ID: req.DriveID, Path: req.PathOnHost, ReadOnly: req.IsReadOnly, ImageType: "Raw"}, func(d Disk) string { return d.ID })
+	return nil
+}
+
+type fcNetworkInterface struct {
+	IfaceID     string `json:"iface_id"`
+	HostDevName string `json:"host_dev_name"`
+	GuestMAC    string `json:"guest_mac,omitempty"`
+	MTU         int    `json:"mtu,omitempty"`
+}
+
+func applyNetworkInterface(c *VMConfig, req fcNetworkInterface, r *http.Request) error {
+	if err := pathIDMatches(r, req.IfaceID); err != nil {
+		return err
+	}
+	if _, err := net.ParseMAC(req.GuestMAC); req.GuestMAC != "" && err != nil {
+		return fmt.Errorf("Invalid MAC address %q", req.GuestMAC)
+	}
+	// Firecracker's virtio-net has one queue pair.
+	c.Nets = upsert(c.Nets, Net{ID: req.IfaceID, Tap: req.HostDevName, Mac: req.GuestMAC, NumQueues: 2}, func(n Net) string { return n.ID })
+	return nil
+}
+
+// upsert replaces the device with item's ID, or adds item: a PUT of a device Firecracker already
+// has reconfigures it.
+func upsert[T any](list []T, item T, id func(T) string) []T {
+	for i := range list {
+		if id(list[i]) == id(item) {
+			list[i] = item
+			return list
 		}
-		c.Disks = upsert(c.Disks, Disk{ID: req.DriveID, Path: req.PathOnHost, ReadOnly: req.IsReadOnly, ImageType: "Raw"}, func(d Disk) string { return d.ID })
-		return nil
-	})
+	}
+	return append(list, item)
+}
+
+type fcBalloon struct {
+	AmountMiB         int64 `json:"amount_mib"`
+	DeflateOnOOM      bool  `json:"deflate_on_oom"`
+	FreePageReporting bool  `json:"free_page_reporting,omitempty"`
+	StatsPollingIntS  int   `json:"stats_polling_interval_s,omitempty"`
+}
+
+func applyBalloon(c *VMConfig, req fcBalloon, _ *http.Request) error {
+	c.Balloon = &Balloon{Size: req.AmountMiB << 20, DeflateOnOOM: req.DeflateOnOOM, FreePageReporting: req.FreePageReporting}
+	return nil
+}
+
+type fcEntropy struct {
+	RateLimiter json.RawMessage `json:"rate_limiter,omitempty"`
+}
+
+type fcVsock struct {
+	GuestCID uint32 `json:"guest_cid"`
+	UDSPath  string `json:"uds_path"`
+}
+
+// applyVsock sets up the guest's vsock device, whose host side is the hybrid vsock socket at
+// uds_path (the same CONNECT protocol as cloud-hypervisor's). configure holds v.fcMu.
+func (v *fcVMM) applyVsock(_ *VMConfig, req fcVsock, _ *http.Request) error {
+	if req.GuestCID != fcVsockCID {
+		return fmt.Errorf("cocoon-sim: guest_cid %d: the simulated guest has CID %d", req.GuestCID, fcVsockCID)
+	}
+	return v.openVsockLocked(req.UDSPath)
 }
 
 // handlePatchDrive points a started VM's drive at another host file, as cocoon does after a
@@ -298,86 +365,6 @@ func (v *fcVMM) handlePatchDrive(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	fcFault(w, "Invalid block device ID: %s", req.DriveID)
-}
-
-func (v *fcVMM) handlePutNet(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		IfaceID     string `json:"iface_id"`
-		HostDevName string `json:"host_dev_name"`
-		GuestMAC    string `json:"guest_mac,omitempty"`
-		MTU         int    `json:"mtu,omitempty"`
-	}
-	if !decodeFC(w, r, &req) {
-		return
-	}
-	if req.IfaceID != r.PathValue("id") {
-		fcFault(w, "The id from the path does not match the id from the body!")
-		return
-	}
-	v.configuring(w, func(c *VMConfig) error {
-		if _, err := net.ParseMAC(req.GuestMAC); req.GuestMAC != "" && err != nil {
-			return fmt.Errorf("Invalid MAC address %q", req.GuestMAC)
-		}
-		// Firecracker's virtio-net has one queue pair.
-		c.Nets = upsert(c.Nets, Net{ID: req.IfaceID, Tap: req.HostDevName, Mac: req.GuestMAC, NumQueues: 2}, func(n Net) string { return n.ID })
-		return nil
-	})
-}
-
-// upsert replaces the device with item's ID, or adds item: a PUT of a device Firecracker already
-// has reconfigures it.
-func upsert[T any](list []T, item T, id func(T) string) []T {
-	for i := range list {
-		if id(list[i]) == id(item) {
-			list[i] = item
-			return list
-		}
-	}
-	return append(list, item)
-}
-
-func (v *fcVMM) handleBalloon(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		AmountMiB         int64 `json:"amount_mib"`
-		DeflateOnOOM      bool  `json:"deflate_on_oom"`
-		FreePageReporting bool  `json:"free_page_reporting,omitempty"`
-		StatsPollingIntS  int   `json:"stats_polling_interval_s,omitempty"`
-	}
-	if !decodeFC(w, r, &req) {
-		return
-	}
-	v.configuring(w, func(c *VMConfig) error {
-		c.Balloon = &Balloon{Size: req.AmountMiB << 20, DeflateOnOOM: req.DeflateOnOOM, FreePageReporting: req.FreePageReporting}
-		return nil
-	})
-}
-
-func (v *fcVMM) handleEntropy(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		RateLimiter json.RawMessage `json:"rate_limiter,omitempty"`
-	}
-	if !decodeFC(w, r, &req) {
-		return
-	}
-	v.configuring(w, func(*VMConfig) error { return nil })
-}
-
-// handleVsock sets up the guest's vsock device, whose host side is the hybrid vsock socket at
-// uds_path (the same CONNECT protocol as cloud-hypervisor's).
-func (v *fcVMM) handleVsock(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		GuestCID uint32 `json:"guest_cid"`
-		UDSPath  string `json:"uds_path"`
-	}
-	if !decodeFC(w, r, &req) {
-		return
-	}
-	v.configuring(w, func(*VMConfig) error {
-		if req.GuestCID != fcVsockCID {
-			return fmt.Errorf("cocoon-sim: guest_cid %d: the simulated guest has CID %d", req.GuestCID, fcVsockCID)
-		}
-		return v.openVsockLocked(req.UDSPath)
-	})
 }
 
 // openVsockLocked binds the vsock device's socket. The caller holds v.fcMu.
