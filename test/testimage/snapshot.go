@@ -34,6 +34,10 @@ type SnapshotOptions struct {
 	Storage     int64 // COW disk size in bytes; default 10 GiB (cocoon's minimum)
 	// Hypervisor is cocoon.HypervisorCloudHypervisor (default) or cocoon.HypervisorFirecracker.
 	Hypervisor string
+	// NoVsock makes a Firecracker snapshot of a VM without a vsock device, as cocoon v0.3.8
+	// made them: a cocoon without vsock_override (v0.3.8) can load only such a snapshot elsewhere
+	// than where it was taken.
+	NoVsock bool
 	// ImageType is cocoon.ImageTypeOCI (default: direct boot, PTY console) or
 	// cocoon.ImageTypeCloudImg (UEFI, serial console socket). Firecracker snapshots are OCI only.
 	ImageType string
@@ -280,7 +284,11 @@ func (s *snapshotLayout) dataFiles() ([]archiveFile, error) {
 		boot := s.boot
 		boot.Cmdline = ""
 		sidecar["boot_config"], sidecar["cpu"], sidecar["memory"] = boot, o.CPU, o.Memory
-		vmstate, err := guest.EncodeFCState(s.fcConfig(), o.Name, SnapshotMachineID(o.Name), filepath.Join(s.runDir, guest.VsockSocketName))
+		vsock := filepath.Join(s.runDir, guest.VsockSocketName)
+		if o.NoVsock {
+			vsock = ""
+		}
+		vmstate, err := guest.EncodeFCState(s.fcConfig(), o.Name, SnapshotMachineID(o.Name), vsock)
 		if err != nil {
 			return nil, err
 		}

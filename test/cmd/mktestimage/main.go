@@ -76,6 +76,7 @@ func snapshotCommand() *cobra.Command {
 	f.StringVar(&opts.ImageType, "image-type", cocoon.ImageTypeOCI, "oci (direct boot) or cloudimg (UEFI)")
 	f.StringVar(&opts.Image, "image", "", "image reference recorded in the snapshot")
 	f.IntVar(&opts.NICs, "nics", 0, "NICs of the snapshotted VM")
+	f.BoolVar(&opts.NoVsock, "no-vsock", false, "a Firecracker snapshot without a vsock device (as cocoon v0.3.8 takes them)")
 	f.StringVar(&opts.RootDir, "root-dir", "", "cocoon root dir of the host that will clone it (default /var/lib/cocoon)")
 	f.BoolVar(&installBase, "install-base", false, "also create the base files a clone needs under --root-dir")
 	addGuestFlags(cmd, &opts.Guest)
