@@ -4,7 +4,8 @@
 # DEMO_KEEP=1 keeps it running for you to try crictl yourself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin=$PWD/bin
+# DEMO_BIN: where cocoon-cri, cocoon-sim, mktestimage and crictl are (the tests point it at theirs).
+bin=${DEMO_BIN:-$PWD/bin}
 work=$(mktemp -d /tmp/cocoon-cri-demo.XXXX)
 sock=$work/cocoon-cri.sock
 cocoon_root=$work/cocoon/root cocoon_run=$work/cocoon/run cocoon_log=$work/cocoon/log
@@ -39,7 +40,7 @@ teardown() {
 trap teardown EXIT
 
 step "Building a VM snapshot image: a cocoon snapshot archive, as 'cocoon snapshot export' writes it"
-"$bin/mktestimage" snapshot --name demo --cpu 1 --memory 512M --root-dir "$cocoon_root" --install-base -o "$work/demo-snapshot.tar"
+"$bin/mktestimage" snapshot --name demo --cpu 1 --memory 512M --storage 20G --root-dir "$cocoon_root" --install-base -o "$work/demo-snapshot.tar"
 ls -l "$work/demo-snapshot.tar"
 
 step "A node of its own: a private network namespace with a CNI bridge network (Debian's reference plugins)"
