@@ -79,8 +79,6 @@ func TestBadInputsAreRefusedAndChangeNothing(t *testing.T) {
 		{"the default handler when not served", "InvalidArgument", []string{"runp", variant("default", func(*runtimeapi.PodSandboxConfig) {})}, "runtimeClassName"},
 		{"a malformed backend annotation", "InvalidArgument", []string{"runp", "--runtime", "cocoon",
 			variant("badbackend", withAnnotation("vm.cocoonstack.io/backend", "qemu"))}, "vm.cocoonstack.io/backend"},
-		{"the firecracker backend, not run yet", "InvalidArgument", []string{"runp", "--runtime", "cocoon",
-			variant("fcbackend", withAnnotation("vm.cocoonstack.io/backend", "firecracker"))}, "does not run Firecracker VMs yet"},
 		{"a sysctl whose name leaves /proc/sys", "InvalidArgument", []string{"runp", "--runtime", "cocoon",
 			variant("badsysctl", func(p *runtimeapi.PodSandboxConfig) {
 				p.Linux.Sysctls = map[string]string{"net/../../../etc/motd": "x"}
