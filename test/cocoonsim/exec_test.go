@@ -389,3 +389,36 @@ func shutdownVM(t *testing.T, socket string) {
 		t.Fatalf("vm.shutdown: %s", resp.Status)
 	}
 }
+
+// TestGuestHasItsOwnFilesystem: what a guest writes outside /tmp (a file under /etc, a device
+// node's path in /dev) is the guest's own, as on a VM's disk: the host never sees it, another VM
+// does not either, and the guest finds it again after a reboot.
+func TestGuestHasItsOwnFilesystem(t *testing.T) {
+	s := newSimAt(t, "0.5.1")
+	s.importSnapshot(testimage.SnapshotOptions{Name: "base"})
+	s.clone("base", "a")
+	s.clone("base", "b")
+	dir := "/etc/cocoon-sim-guest-" + strings.ToLower(t.Name())
+	s.inGuest("a", "sh", "-c", "mkdir -p "+dir+" && echo mine > "+dir+"/f && echo log > /dev/termination-log")
+	if _, err := os.Stat(dir); err == nil {
+		os.RemoveAll(dir) //nolint:errcheck
+		t.Fatalf("%s written in the guest appeared on the host", dir)
+	}
+	if _, err := os.Stat("/dev/termination-log"); err == nil {
+		t.Fatal("/dev/termination-log written in the guest appeared on the host")
+	}
+	if r := s.vmExec("", "b", "--", "cat", dir+"/f"); r.code == 0 {
+		t.Fatalf("another VM reads the first one's file: %q", r.stdout)
+	}
+	if got := s.inGuest("a", "cat", "/dev/null", dir+"/f"); got != "mine\n" {
+		t.Fatalf("the guest reads back %q", got)
+	}
+	s.ok("vm", "stop", "a")
+	s.ok("vm", "start", "a")
+	eventually(t, "the guest's agent after a restart", func() bool {
+		return s.vmExec("", "a", "--", "true").code == 0
+	})
+	if got := s.inGuest("a", "cat", dir+"/f"); got != "mine\n" {
+		t.Fatalf("after a reboot the guest reads %q", got)
+	}
+}

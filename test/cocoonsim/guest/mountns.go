@@ -12,16 +12,25 @@ import (
 )
 
 // setupMounts shapes the guest OS's own mount namespace (the process starts in a copy of the
-// host's): nothing mounted here reaches the host, /proc and /sys show the guest's PID and network
-// namespaces, /run is the guest's own, and the guest's files are bound over the host's paths, so the guest reads
-// and writes its own /etc/resolv.conf, /etc/hostname and /etc/hosts while the host's stay as
-// they are.
+// host's). The guest gets a root of its own, as a VM has its own disk: the host's root
+// filesystem seen through an overlay whose upper layer lives in the VM's run dir, so what the
+// guest writes (a file under /etc, a directory it mounts over) stays in the guest and lasts
+// across the VM's reboots, and the host's files are never written. /dev is the guest's own
+// (the usual device nodes, bound from the host), /proc and /sys show the guest's PID and
+// network namespaces, /run is the guest's own, and the guest's files are bound over their
+// paths, so the guest reads its own /etc/resolv.conf, /etc/hostname and /etc/hosts.
+//
+// One kindness stays, and only for the simulator's own tests: /tmp is the host's, because the
+// simulator's state and the tests' scratch directories live there.
 func setupMounts(plan osPlan) error {
 	// Slave rather than private: mounts made here never propagate to the host, but the host's
 	// unmounts (a netns pin going away, say) still reach this copy, so the guest never keeps a
 	// host mount alive.
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
 		return fmt.Errorf("make mounts slave: %w", err)
+	}
+	if err := pivotToOwnRoot(plan.RunDir); err != nil {
+		return err
 	}
 	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return fmt.Errorf("mount /proc: %w", err)
@@ -37,6 +46,99 @@ func setupMounts(plan osPlan) error {
 	for _, f := range plan.Files {
 		if err := bindFile(f); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// guestRootDir holds the guest's root filesystem in the VM's run dir: the overlay's mount point,
+// its upper layer (what the guest wrote) and the overlay's work dir.
+const guestRootDir = "guest-root"
+
+// pivotToOwnRoot makes an overlay of the host's root filesystem the guest's root, with the
+// host's /tmp and the VM's run dir bound in and a /dev of the guest's own.
+func pivotToOwnRoot(runDir string) error {
+	realRunDir, err := filepath.EvalSymlinks(runDir)
+	if err != nil {
+		return fmt.Errorf("resolve run dir: %w", err)
+	}
+	base := filepath.Join(realRunDir, guestRootDir)
+	root, upper, work := filepath.Join(base, "root"), filepath.Join(base, "upper"), filepath.Join(base, "work")
+	for _, dir := range []string{root, upper, work} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("guest root: %w", err)
+		}
+	}
+	opts := fmt.Sprintf("lowerdir=/,upperdir=%s,workdir=%s", upper, work)
+	if err := unix.Mount("overlay", root, "overlay", 0, opts); err != nil {
+		return fmt.Errorf("mount guest root (%s): %w", opts, err)
+	}
+	shared := []string{"/tmp"}
+	if !strings.HasPrefix(realRunDir, "/tmp/") {
+		shared = append(shared, realRunDir)
+	}
+	for _, dir := range shared {
+		inRoot := filepath.Join(root, dir)
+		if err := os.MkdirAll(inRoot, 0o755); err != nil {
+			return fmt.Errorf("guest root: %w", err)
+		}
+		if err := unix.Mount(dir, inRoot, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("bind host %s into the guest: %w", dir, err)
+		}
+	}
+	if err := populateDev(filepath.Join(root, "dev")); err != nil {
+		return err
+	}
+	// pivot_root(".", ".") stacks the old root under the new one; detaching it leaves the guest
+	// nothing of the host but what was bound in above.
+	if err := unix.Chdir(root); err != nil {
+		return fmt.Errorf("enter guest root: %w", err)
+	}
+	if err := unix.PivotRoot(".", "."); err != nil {
+		return fmt.Errorf("pivot to guest root: %w", err)
+	}
+	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("let go of the host's root: %w", err)
+	}
+	return unix.Chdir("/")
+}
+
+// populateDev gives the guest the /dev a booted Linux has: its own tmpfs, where a file made in
+// /dev stays in the guest, with the host's nodes for the usual devices and the host's devpts.
+func populateDev(dev string) error {
+	if err := unix.Mount("tmpfs", dev, "tmpfs", unix.MS_NOSUID, "mode=755"); err != nil {
+		return fmt.Errorf("mount guest /dev: %w", err)
+	}
+	for _, node := range []string{"null", "zero", "full", "random", "urandom", "tty"} {
+		target := filepath.Join(dev, node)
+		if err := createEmpty(target); err != nil {
+			return fmt.Errorf("guest /dev/%s: %w", node, err)
+		}
+		if err := unix.Mount("/dev/"+node, target, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind /dev/%s into the guest: %w", node, err)
+		}
+	}
+	for _, dir := range []string{"pts", "net"} {
+		target := filepath.Join(dev, dir)
+		if err := os.MkdirAll(target, 0o755); err != nil {
+			return fmt.Errorf("guest /dev/%s: %w", dir, err)
+		}
+		if err := unix.Mount("/dev/"+dir, target, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("bind /dev/%s into the guest: %w", dir, err)
+		}
+	}
+	shm := filepath.Join(dev, "shm")
+	if err := os.MkdirAll(shm, 0o1777); err != nil {
+		return fmt.Errorf("guest /dev/shm: %w", err)
+	}
+	if err := unix.Mount("tmpfs", shm, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
+		return fmt.Errorf("mount guest /dev/shm: %w", err)
+	}
+	// ptmx opens the devpts above, as in a container: the PTYs it makes are the ones in /dev/pts.
+	for link, dest := range map[string]string{"ptmx": "pts/ptmx", "fd": "/proc/self/fd", "stdin": "/proc/self/fd/0",
+		"stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2"} {
+		if err := os.Symlink(dest, filepath.Join(dev, link)); err != nil {
+			return fmt.Errorf("guest /dev/%s: %w", link, err)
 		}
 	}
 	return nil
