@@ -390,7 +390,7 @@ func shutdownVM(t *testing.T, socket string) {
 	}
 }
 
-// TestGuestHasItsOwnFilesystem: what a guest writes outside /tmp (a file under /etc, a device
+// TestGuestHasItsOwnFilesystem: what a guest writes (a file under /etc, a device
 // node's path in /dev) is the guest's own, as on a VM's disk: the host never sees it, another VM
 // does not either, and the guest finds it again after a reboot.
 func TestGuestHasItsOwnFilesystem(t *testing.T) {
@@ -406,6 +406,14 @@ func TestGuestHasItsOwnFilesystem(t *testing.T) {
 	}
 	if _, err := os.Stat("/dev/termination-log"); err == nil {
 		t.Fatal("/dev/termination-log written in the guest appeared on the host")
+	}
+	// Nor does a host path under /tmp reach the guest, which has a /tmp of its own.
+	hostFile := filepath.Join(t.TempDir(), "host-only")
+	if err := os.WriteFile(hostFile, []byte("host"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if r := s.vmExec("", "a", "--", "cat", hostFile); r.code == 0 {
+		t.Fatalf("the guest reads the host's %s: %q", hostFile, r.stdout)
 	}
 	if r := s.vmExec("", "b", "--", "cat", dir+"/f"); r.code == 0 {
 		t.Fatalf("another VM reads the first one's file: %q", r.stdout)

@@ -18,10 +18,8 @@ import (
 // across the VM's reboots, and the host's files are never written. /dev is the guest's own
 // (the usual device nodes, bound from the host), /proc and /sys show the guest's PID and
 // network namespaces, /run is the guest's own, and the guest's files are bound over their
-// paths, so the guest reads its own /etc/resolv.conf, /etc/hostname and /etc/hosts.
-//
-// One kindness stays, and only for the simulator's own tests: /tmp is the host's, because the
-// simulator's state and the tests' scratch directories live there.
+// paths, so the guest reads its own /etc/resolv.conf, /etc/hostname and /etc/hosts. /tmp is an
+// empty tmpfs of its own; of the host's own state the guest sees only its run dir.
 func setupMounts(plan osPlan) error {
 	// Slave rather than private: mounts made here never propagate to the host, but the host's
 	// unmounts (a netns pin going away, say) still reach this copy, so the guest never keeps a
@@ -56,7 +54,7 @@ func setupMounts(plan osPlan) error {
 const guestRootDir = "guest-root"
 
 // pivotToOwnRoot makes an overlay of the host's root filesystem the guest's root, with the
-// host's /tmp and the VM's run dir bound in and a /dev of the guest's own.
+// VM's run dir bound in, and a /tmp and /dev of the guest's own.
 func pivotToOwnRoot(runDir string) error {
 	realRunDir, err := filepath.EvalSymlinks(runDir)
 	if err != nil {
@@ -73,18 +71,17 @@ func pivotToOwnRoot(runDir string) error {
 	if err := unix.Mount("overlay", root, "overlay", 0, opts); err != nil {
 		return fmt.Errorf("mount guest root (%s): %w", opts, err)
 	}
-	shared := []string{"/tmp"}
-	if !strings.HasPrefix(realRunDir, "/tmp/") {
-		shared = append(shared, realRunDir)
+	// The guest's /tmp is its own and empty, as after a boot; the run dir, wherever it lies, is
+	// bound in over it.
+	if err := unix.Mount("tmpfs", filepath.Join(root, "tmp"), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
+		return fmt.Errorf("mount guest /tmp: %w", err)
 	}
-	for _, dir := range shared {
-		inRoot := filepath.Join(root, dir)
-		if err := os.MkdirAll(inRoot, 0o755); err != nil {
-			return fmt.Errorf("guest root: %w", err)
-		}
-		if err := unix.Mount(dir, inRoot, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
-			return fmt.Errorf("bind host %s into the guest: %w", dir, err)
-		}
+	inRoot := filepath.Join(root, realRunDir)
+	if err := os.MkdirAll(inRoot, 0o755); err != nil {
+		return fmt.Errorf("guest root: %w", err)
+	}
+	if err := unix.Mount(realRunDir, inRoot, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("bind the run dir into the guest: %w", err)
 	}
 	if err := populateDev(filepath.Join(root, "dev")); err != nil {
 		return err
