@@ -1,0 +1,70 @@
+package guestvolume
+
+import (
+	"fmt"
+	"strings"
+)
+
+// ExitLost is the exit code of an update script that finds the guest without the copy it was
+// meant to update (the guest rebooted, its /run is new): the caller sends a full update.
+const ExitLost = 97
+
+// Volume is where a copy lives in the guest and where the container sees it.
+type Volume struct {
+	// DataDir is the copy's directory in the guest, under its /run (a tmpfs: a Secret stays in
+	// memory). Its sibling DataDir+".stage" receives the tar stream, DataDir+".mounted" says the
+	// bind mount is made.
+	DataDir string
+	// Target is the container path: DataDir (or, for a single file, DataDir/data) is bound there.
+	Target   string
+	ReadOnly bool
+	// Once: copied when the container starts and left to the guest afterwards (a writable volume,
+	// whose guest writes an update from the host would undo; a single file, which a bind mount
+	// pins).
+	Once bool
+}
+
+// Script is the shell script that applies u, read as a tar stream on stdin (WriteTar), to the
+// guest's copy of v, and binds it at the target the first time. It needs sh, tar, cp, find,
+// xargs, mv -T and mount -o bind, which GNU and busybox userlands both have.
+func (u Update) Script(v Volume, file bool) string {
+	var b strings.Builder
+	q := func(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+	fmt.Fprintf(&b, "set -e\nd=%s\ns=%s\nt=%s\n", q(v.DataDir), q(v.DataDir+".stage"), q(v.Target))
+	switch {
+	case v.Once:
+		b.WriteString("[ -e \"$d.mounted\" ] && exit 0\n")
+	case !u.Full:
+		fmt.Fprintf(&b, "[ -e \"$d.mounted\" ] || exit %d\n", ExitLost)
+	}
+	b.WriteString("rm -rf \"$s\"\nmkdir -p \"$d\" \"$s\"\ntar -xf - -C \"$s\"\ncd \"$d\"\n")
+	if u.Full && !file {
+		// What the guest has and the tree lacks, or has as another kind, goes first.
+		b.WriteString(`find . -mindepth 1 -depth | while IFS= read -r p; do
+if [ -L "$s/` + stageLinks + `/$p" ]; then [ -L "$p" ] || rm -rf -- "$p"
+elif [ -d "$s/` + stageFiles + `/$p" ]; then { [ -d "$p" ] && [ ! -L "$p" ]; } || rm -rf -- "$p"
+elif [ -f "$s/` + stageFiles + `/$p" ]; then { [ -f "$p" ] && [ ! -L "$p" ]; } || rm -rf -- "$p"
+else rm -rf -- "$p"; fi
+done
+`)
+	}
+	fmt.Fprintf(&b, "[ -s \"$s/%s\" ] && xargs -0 rm -rf -- < \"$s/%s\"\n", stageReplace, stageReplace)
+	fmt.Fprintf(&b, "cp -a \"$s/%s/.\" \"$d/\"\n", stageFiles)
+	// A rename replaces a link in one step: a ConfigMap's ..data switches at once.
+	fmt.Fprintf(&b, "(cd \"$s/%s\" && find . -type l -exec sh -c 'for f; do mv -fT \"$f\" \"$0/$f\"; done' \"$d\" {} +)\n", stageLinks)
+	fmt.Fprintf(&b, "[ -s \"$s/%s\" ] && xargs -0 rm -rf -- < \"$s/%s\"\n", stageRemove, stageRemove)
+	b.WriteString("cd /\nrm -rf \"$s\"\n[ -e \"$d.mounted\" ] && exit 0\n")
+	src := `"$d"`
+	if file {
+		src = `"$d/` + FileName + `"`
+		b.WriteString("mkdir -p \"$(dirname \"$t\")\"\n[ -e \"$t\" ] || : > \"$t\"\n")
+	} else {
+		b.WriteString("mkdir -p \"$t\"\n")
+	}
+	fmt.Fprintf(&b, "mount -o bind %s \"$t\"\n", src)
+	if v.ReadOnly {
+		b.WriteString("mount -o remount,bind,ro \"$t\"\n")
+	}
+	b.WriteString(": > \"$d.mounted\"\n")
+	return b.String()
+}
