@@ -104,6 +104,7 @@ func runDaemon(parent context.Context, o *options) error {
 		return err
 	}
 	maxStorage := resource.MustParse(o.maxStorage) // validated with the options
+	volumeMaxBytes := resource.MustParse(o.volumeMaxBytes)
 	vms := vmruntime.New(vmruntime.Config{
 		Version:             version,
 		ServeDefaultHandler: o.serveDefaultHandler,
@@ -114,6 +115,7 @@ func runDaemon(parent context.Context, o *options) error {
 		Cgroups:             cgroupDriver,
 		PullOnCreate:        o.passthroughEndpoint != "",
 		MaxStorage:          maxStorage.Value(),
+		VolumeMaxBytes:      volumeMaxBytes.Value(),
 		AllowedNetworks:     o.allowedNetworks,
 	}, log, st, cc, nets, images)
 	defer vms.Shutdown()

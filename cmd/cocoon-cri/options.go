@@ -53,6 +53,7 @@ type options struct {
 	passthroughEndpoint string
 	cgroupDriver        string
 	maxStorage          string
+	volumeMaxBytes      string
 	allowedNetworks     []string
 }
 
@@ -62,6 +63,7 @@ func defaultOptions() *options {
 		stateDir:          "/var/lib/cocoon-cri",
 		cocoonBinary:      "cocoon",
 		maxStorage:        "200Gi",
+		volumeMaxBytes:    "64Mi",
 		cocoonTimeout:     2 * time.Minute,
 		netnsDir:          "/var/run/netns",
 		cniConfDir:        "/etc/cni/net.d",
@@ -123,6 +125,8 @@ func (o *options) addFlags(cmd *cobra.Command) {
 		"CRI socket of the node's container runtime (unix:///run/containerd/containerd.sock): pods of every other runtime handler run there unchanged (empty: refused)")
 	d.StringVar(&o.cgroupDriver, "cgroup-driver", o.cgroupDriver,
 		"how VMs join pod cgroups: cgroupfs or systemd; the kubelet's cgroupDriver, and the passthrough runtime's")
+	d.StringVar(&o.volumeMaxBytes, "volume-max-bytes", o.volumeMaxBytes,
+		"the most a container's volumes may hold together, copied into its guest (a quantity, such as 64Mi); a container past it is refused")
 	d.StringVar(&o.maxStorage, "max-storage", o.maxStorage,
 		"largest VM disk a pod may ask for with the cocoonset.cocoonstack.io/storage annotation (a quantity)")
 	d.StringSliceVar(&o.allowedNetworks, "allowed-networks", o.allowedNetworks,
@@ -171,6 +175,9 @@ func (o *options) validate() error {
 		if err := passthrough.CheckEndpoint(o.passthroughEndpoint); err != nil {
 			return fmt.Errorf("--passthrough-endpoint: %w", err)
 		}
+	}
+	if q, err := resource.ParseQuantity(o.volumeMaxBytes); err != nil || q.Value() <= 0 {
+		return fmt.Errorf("--volume-max-bytes %q: want a positive quantity, such as 64Mi", o.volumeMaxBytes)
 	}
 	if q, err := resource.ParseQuantity(o.maxStorage); err != nil || q.Value() < vmruntime.MinStorage {
 		return fmt.Errorf("--max-storage %q: want a quantity of at least 10G, such as 200Gi", o.maxStorage)

@@ -28,6 +28,9 @@ func (s *Server) CreateContainer(ctx context.Context, req *runtimeapi.CreateCont
 	if err := s.checkCommandCanRun(ctx, cfg); err != nil {
 		return nil, err
 	}
+	if err := s.checkVolumesCanReach(ctx, cfg); err != nil {
+		return nil, err
+	}
 	// Before the sandbox lock: bringing the image into cocoon may take long.
 	img, err := s.containerImage(ctx, cfg.GetImage())
 	if err != nil {
@@ -165,6 +168,9 @@ func validateContainerConfig(cfg *runtimeapi.ContainerConfig) error {
 	}
 	if dir := cfg.GetWorkingDir(); dir != "" && (!path.IsAbs(dir) || strings.IndexByte(dir, 0) >= 0) {
 		return invalid("working_dir %q must be an absolute path in the guest", dir)
+	}
+	if err := validateMounts(cfg.GetMounts()); err != nil {
+		return err
 	}
 	if adj := cfg.GetLinux().GetResources().GetOomScoreAdj(); adj < minOOMScoreAdj || adj > maxOOMScoreAdj {
 		return invalid("linux.resources.oom_score_adj %d is outside [%d, %d]", adj, minOOMScoreAdj, maxOOMScoreAdj)

@@ -72,11 +72,19 @@ func (s *Server) startIO(sb *store.Sandbox, c *store.Container) {
 	go s.runGuest(ctx, sb, c, cio)
 }
 
-// runGuest prepares the guest (its network, hostname and resolvers, where cocoon could not) and
-// then runs the main process, if any.
+// runGuest prepares the guest (its network, hostname and resolvers, where cocoon could not, and
+// its volumes) and then runs the main process, if any.
 func (s *Server) runGuest(ctx context.Context, sb *store.Sandbox, c *store.Container, cio *containerIO) {
 	s.setUpGuest(ctx, sb, c)
+	volumes := containerVolumes(c.Config.Msg)
+	if err := s.deliverVolumes(ctx, sb, c, volumes); err != nil {
+		// The workload must not run without its volumes: the container exits with the reason.
+		close(cio.setUp)
+		s.mainExited(ctx, sb.ID, c.ID, -1, err)
+		return
+	}
 	close(cio.setUp)
+	go s.keepVolumesInStep(ctx, sb, c, volumes, s.log.With("container", c.ID, "vm", c.VM.Name))
 	if cio.main != nil {
 		code, err := cio.main.run(func(stdio streaming.ExecIO) (int, error) {
 			return s.guestExec(ctx, sb, c, containerCommand(c.Config.Msg, cio.main.argv), stdio)

@@ -70,6 +70,11 @@ type Config struct {
 	// PullOnCreate: OCI images are pulled by another runtime (passthrough), so CreateContainer
 	// brings an OCI VM image into cocoon when a VM pod needs it.
 	PullOnCreate bool
+	// VolumeMaxBytes bounds what a container's volumes hold together: they are copied into its
+	// guest's memory. 0 is the default, 64 MiB.
+	VolumeMaxBytes int64
+	// VolumeSyncInterval is how often read-only volumes are compared with the host; 0 is 2 s.
+	VolumeSyncInterval time.Duration
 	// MaxStorage caps the disk a pod may ask for (the storage annotation); 0 is no cap.
 	MaxStorage int64
 	// AllowedNetworks are the CNI networks pods may pick by name besides the default one.
@@ -148,6 +153,12 @@ func New(cfg Config, log *slog.Logger, st *store.Store, cc *cocoon.Client, nets 
 	}
 	if cfg.GuestReadyTimeout <= 0 {
 		cfg.GuestReadyTimeout = 2 * time.Minute
+	}
+	if cfg.VolumeMaxBytes <= 0 {
+		cfg.VolumeMaxBytes = 64 << 20
+	}
+	if cfg.VolumeSyncInterval <= 0 {
+		cfg.VolumeSyncInterval = 2 * time.Second
 	}
 	return &Server{
 		cfg: cfg, log: log, store: st, cocoon: cc, net: nets, images: images,

@@ -18,9 +18,8 @@ type Volume struct {
 	// Target is the container path: DataDir (or, for a single file, DataDir/data) is bound there.
 	Target   string
 	ReadOnly bool
-	// Once: copied when the container starts and left to the guest afterwards (a writable volume,
-	// whose guest writes an update from the host would undo; a single file, which a bind mount
-	// pins).
+	// Once: copied when the container starts and left to the guest afterwards: a writable volume,
+	// whose guest writes an update from the host would undo.
 	Once bool
 }
 

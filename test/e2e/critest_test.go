@@ -71,7 +71,7 @@ func TestCritestConformance(t *testing.T) {
 	images := n.writeFile("test-images.yaml", []byte(fmt.Sprintf(
 		"defaultTestContainerImage: %s/critest/busybox:1\nwebServerTestImage: %s/critest/web:1\n", reg.Host, reg.Host)))
 	report := filepath.Join(n.dir, "critest-report.json")
-	n.runCritest("", critestSkips(t), 36, "--runtime-handler", "cocoon", "--test-images-file", images,
+	n.runCritest("", critestSkips(t), 38, "--runtime-handler", "cocoon", "--test-images-file", images,
 		"--ginkgo.json-report", report)
 	for _, g := range critestGroups(t, report) {
 		t.Logf("%-32s passed %3d  failed %3d  skipped %3d", g.name, g.passed, g.failed, g.skipped)

@@ -507,7 +507,7 @@ func TestEnvAndWorkingDirReachTheGuest(t *testing.T) {
 }
 
 func checkEnvAndWorkingDir(t *testing.T, n *node, image string) {
-	// The simulated guest sees the host's files: the directory is made under the test's own.
+	// A directory the guest does not have: it is made there.
 	dir := filepath.Join(t.TempDir(), "work dir", "app")
 	show := `printf '%s|%s|%s\n' "$(pwd)" "$GREETING" "$QUOTED"`
 	_, ctrID, _ := n.runningPodWith("env", image, func(cfg *runtimeapi.ContainerConfig) {
