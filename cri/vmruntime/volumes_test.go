@@ -1,0 +1,66 @@
+package vmruntime
+
+import (
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+func TestValidateMountsRefusesWhatNoCopyHonours(t *testing.T) {
+	ok := func(target string) *runtimeapi.Mount {
+		return &runtimeapi.Mount{ContainerPath: target, HostPath: "/var/lib/kubelet/pods/x/volumes/v"}
+	}
+	for _, tc := range []struct {
+		name   string
+		mounts []*runtimeapi.Mount
+		want   string // "" accepted
+	}{
+		{"plain", []*runtimeapi.Mount{ok("/etc/app"), ok("/etc/app/nested"), ok("/dev/termination-log")}, ""},
+		{"host-to-container", []*runtimeapi.Mount{{ContainerPath: "/mnt", HostPath: "/srv",
+			Propagation: runtimeapi.MountPropagation_PROPAGATION_HOST_TO_CONTAINER}}, ""},
+		{"relative target", []*runtimeapi.Mount{ok("etc/app")}, "absolute path in the guest"},
+		{"root", []*runtimeapi.Mount{ok("/")}, "other than /"},
+		{"NUL", []*runtimeapi.Mount{ok("/etc/a\x00b")}, "absolute path in the guest"},
+		{"relative source", []*runtimeapi.Mount{{ContainerPath: "/a", HostPath: "srv"}}, "absolute path on the node"},
+		{"twice", []*runtimeapi.Mount{ok("/etc/app"), ok("/etc/app/")}, "mounted twice"},
+		{"image", []*runtimeapi.Mount{{ContainerPath: "/img", HostPath: "/x", Image: &runtimeapi.ImageSpec{Image: "busybox"}}}, "image volume"},
+		{"bidirectional", []*runtimeapi.Mount{{ContainerPath: "/mnt", HostPath: "/srv",
+			Propagation: runtimeapi.MountPropagation_PROPAGATION_BIDIRECTIONAL}}, "bidirectional"},
+		{"idmap", []*runtimeapi.Mount{{ContainerPath: "/mnt", HostPath: "/srv",
+			UidMappings: []*runtimeapi.IDMapping{{HostId: 1000, ContainerId: 0, Length: 1}}}}, "ID mappings"},
+		{"rro", []*runtimeapi.Mount{{ContainerPath: "/mnt", HostPath: "/srv", Readonly: true, RecursiveReadOnly: true}}, "recursive read-only"},
+	} {
+		err := validateMounts(tc.mounts)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: refused: %v", tc.name, err)
+		case tc.want != "" && (status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s: %v, want InvalidArgument with %q", tc.name, err, tc.want)
+		}
+	}
+}
+
+// Parents are bound before what is mounted inside them, whatever order the kubelet gave; only
+// read-only volumes are kept in step.
+func TestContainerVolumesOrderAndPolicy(t *testing.T) {
+	cfg := &runtimeapi.ContainerConfig{Mounts: []*runtimeapi.Mount{
+		{ContainerPath: "/var/run/secrets/kubernetes.io/serviceaccount", HostPath: "/t", Readonly: true},
+		{ContainerPath: "/var/run", HostPath: "/e"},
+		{ContainerPath: "/etc/hosts/", HostPath: "/h"},
+	}}
+	var got []string
+	for _, vc := range containerVolumes(cfg) {
+		got = append(got, vc.guest.Target+" "+vc.guest.DataDir+" "+map[bool]string{true: "once", false: "synced"}[vc.guest.Once])
+	}
+	want := []string{
+		"/etc/hosts /run/cocoon-cri/volumes/0 once",
+		"/var/run /run/cocoon-cri/volumes/1 once",
+		"/var/run/secrets/kubernetes.io/serviceaccount /run/cocoon-cri/volumes/2 synced",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
