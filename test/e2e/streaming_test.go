@@ -345,9 +345,7 @@ func TestPortForwardReachesTheGuest(t *testing.T) {
 // booted guest over SSH with the node's key, the guest is set up that way too, and its host key is
 // pinned at first use. Without any exec path, a container command is refused at create.
 func TestExecOverSSHWithoutCocoonExec(t *testing.T) {
-	key, authorized := sshKeyPair(t)
-	n := newNodeWithEnv(t, []string{cocoonsim.VersionEnv + "=0.3.8"}, "--guest-ssh-key-file", key)
-	n.importImage(cloudRef, n.cloudImageWithGuest("sshd", guest.Spec{SSHAuthorizedKey: authorized}))
+	n := sshOnlyNode(t)
 	_, ctrID, _ := n.runningPod("web", cloudRef)
 
 	deadline := time.Now().Add(60 * time.Second)
@@ -375,6 +373,16 @@ func TestExecOverSSHWithoutCocoonExec(t *testing.T) {
 	if !strings.Contains(msg, "--guest-ssh-key-file") {
 		t.Fatalf("the refusal does not say what to configure: %s", msg)
 	}
+}
+
+// sshOnlyNode is a node on cocoon v0.3.8, which has no vm exec, with a guest login configured,
+// and cloudRef a cloud image whose guest runs sshd and authorizes the node's key.
+func sshOnlyNode(t *testing.T) *node {
+	t.Helper()
+	key, authorized := sshKeyPair(t)
+	n := newNodeWithEnv(t, []string{cocoonsim.VersionEnv + "=0.3.8"}, "--guest-ssh-key-file", key)
+	n.importImage(cloudRef, n.cloudImageWithGuest("sshd", guest.Spec{SSHAuthorizedKey: authorized}))
+	return n
 }
 
 // sshKeyPair writes a new private key for the node and returns its path and the public key line a
@@ -499,10 +507,7 @@ func TestEnvAndWorkingDirReachTheGuest(t *testing.T) {
 		checkEnvAndWorkingDir(t, n, snapRef)
 	})
 	t.Run("ssh", func(t *testing.T) {
-		key, authorized := sshKeyPair(t)
-		n := newNodeWithEnv(t, []string{cocoonsim.VersionEnv + "=0.3.8"}, "--guest-ssh-key-file", key)
-		n.importImage(cloudRef, n.cloudImageWithGuest("sshd", guest.Spec{SSHAuthorizedKey: authorized}))
-		checkEnvAndWorkingDir(t, n, cloudRef)
+		checkEnvAndWorkingDir(t, sshOnlyNode(t), cloudRef)
 	})
 }
 

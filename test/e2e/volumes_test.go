@@ -12,7 +12,6 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim"
-	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
 )
 
 // TestVolumesReachTheGuest: the kubelet's volumes, which a guest cannot see on the node, are
@@ -28,10 +27,7 @@ func TestVolumesReachTheGuest(t *testing.T) {
 		checkVolumesAfterRestart(t, n)
 	})
 	t.Run("ssh", func(t *testing.T) {
-		key, authorized := sshKeyPair(t)
-		n := newNodeWithEnv(t, []string{cocoonsim.VersionEnv + "=0.3.8"}, "--guest-ssh-key-file", key)
-		n.importImage(cloudRef, n.cloudImageWithGuest("sshd", guest.Spec{SSHAuthorizedKey: authorized}))
-		checkVolumes(t, n, cloudRef)
+		checkVolumes(t, sshOnlyNode(t), cloudRef)
 	})
 }
 
