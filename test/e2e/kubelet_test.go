@@ -243,7 +243,15 @@ func TestKubelet(t *testing.T) {
 	n.pushSnapshot(reg.Target(), "kubelet/crash:1", "crash", testimage.SnapshotOptions{Guest: guest.Spec{CrashAfter: guest.Duration(2 * time.Second)}}, registry.SnapshotPush{})
 	k := n.startKubelet()
 
-	k.addPod("web", staticPod("web", reg.Host+"/kubelet/web:1", `    readinessProbe:
+	// A hostPath volume: the kubelet hands cocoon-cri its mounts (this one, /etc/hosts and the
+	// termination log), which are copied into the guest.
+	config := t.TempDir()
+	if err := os.WriteFile(filepath.Join(config, "greeting"), []byte("from the node"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	k.addPod("web", staticPod("web", reg.Host+"/kubelet/web:1", `    volumeMounts:
+    - {name: config, mountPath: /etc/config, readOnly: true}
+    readinessProbe:
       exec: {command: [sh, -c, "test -e /run/ready"]}
       periodSeconds: 1
     startupProbe:
@@ -253,6 +261,8 @@ func TestKubelet(t *testing.T) {
     livenessProbe:
       tcpSocket: {port: 80}
       periodSeconds: 2
+  volumes:
+  - {name: config, hostPath: {path: `+config+`, type: Directory}}
 `))
 	k.addPod("crash", staticPod("crash", reg.Host+"/kubelet/crash:1", ""))
 
@@ -267,12 +277,14 @@ func TestKubelet(t *testing.T) {
 	}
 
 	// exec through the kubelet's own streaming endpoint, as kubectl exec reaches it.
-	q := url.Values{"command": {"sh", "-c", "touch /run/ready && hostname"}, "output": {"1"}, "error": {"1"}}
+	q := url.Values{"command": {"sh", "-c", "touch /run/ready && hostname && cat /etc/config/greeting && echo && grep -c " +
+		pod.Status.PodIP + " /etc/hosts"}, "output": {"1"}, "error": {"1"}}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	res := n.stream(ctx, "https://127.0.0.1:10250/exec/default/"+pod.Name+"/web?"+q.Encode(), nil, streamOpts{stderr: true})
-	if res.err != nil || strings.TrimSpace(res.stdout) != pod.Name {
-		t.Fatalf("exec through the kubelet: %v, stdout %q stderr %q; want the guest's hostname %s", res.err, res.stdout, res.stderr, pod.Name)
+	if want := pod.Name + "\nfrom the node\n1"; res.err != nil || strings.TrimSpace(res.stdout) != want {
+		t.Fatalf("exec through the kubelet: %v, stdout %q stderr %q; want the guest's hostname, the hostPath volume's file "+
+			"and the kubelet's /etc/hosts with the pod IP: %q", res.err, res.stdout, res.stderr, want)
 	}
 	k.waitPod("web", "Ready once the probe's file exists", func(p *corev1.Pod, c corev1.ContainerStatus) bool {
 		return podReady(p) && c.Ready
