@@ -62,10 +62,19 @@ func (a *app) vmInspect(cmd *cobra.Command, args []string) error {
 	}
 	vm.State = reconcileState(vm)
 	// Newer cocoon's inspect shows the agent's vsock socket; v0.3.8 has no such field.
-	if a.profile.Agent {
-		vm.VsockSocket = vsockSocket(vm)
+	if !a.profile.Agent {
+		return outputJSON(cmd.OutOrStdout(), vm)
 	}
-	return outputJSON(cmd.OutOrStdout(), vm)
+	vm.VsockSocket = vsockSocket(vm)
+	// and, while it runs, what was hot-attached.
+	out := struct {
+		*cocoon.VM
+		AttachedDevices *attachedDevices `json:"attached_devices,omitempty"`
+	}{VM: vm}
+	if disks := attachedDisks(cmd.Context(), vm); len(disks) > 0 {
+		out.AttachedDevices = &attachedDevices{Disks: disks}
+	}
+	return outputJSON(cmd.OutOrStdout(), out)
 }
 
 // listAllVMs lists both backends, sorted by creation time.

@@ -52,6 +52,15 @@ func (b *backend) snapshot(ctx context.Context, ref string) (*cocoon.SnapshotCon
 	}
 	pause, resume, capture := b.snapshotOps(rec.RunDir, tmpDir)
 	if err := b.withRunningVM(ctx, &rec, func(int) error {
+		if b.kind == kindCH {
+			// cocoon v0.5 refuses a snapshot that would not restore: a hot-attached disk is not
+			// part of the VM's configuration.
+			vm := b.toVM(&rec)
+			vm.State = cocoon.VMStateRunning
+			if disks := attachedDisks(ctx, vm); len(disks) > 0 {
+				return fmt.Errorf("hot-attached disk %q: detach before snapshot or hibernate", disks[0].Name)
+			}
+		}
 		if err := pause(ctx); err != nil {
 			return fmt.Errorf("pause: %w", err)
 		}

@@ -364,7 +364,26 @@ func (v *vmm) handleAddDisk(w http.ResponseWriter, r *http.Request) {
 		apiError(w, "VM is not created")
 		return
 	}
-	disk.ID = fmt.Sprintf("_disk%d", len(v.cfg.Disks))
+	if disk.ID == "" {
+		disk.ID = fmt.Sprintf("_disk%d", len(v.cfg.Disks))
+	}
+	if slices.ContainsFunc(v.cfg.Disks, func(d Disk) bool { return d.ID == disk.ID }) {
+		apiError(w, "vm.add-disk: identifier %s is not unique", disk.ID)
+		return
+	}
+	// A data disk (one with a serial) reaches a running guest; the simulated guest opens no
+	// other disk.
+	if v.os != nil && disk.Serial != "" {
+		dev, err := v.os.plugDisk(disk)
+		if err != nil {
+			apiError(w, "vm.add-disk: %v", err)
+			return
+		}
+		if v.diskDevs == nil {
+			v.diskDevs = map[string]string{}
+		}
+		v.diskDevs[disk.ID] = dev
+	}
 	v.cfg.Disks = append(v.cfg.Disks, disk)
 	writeJSON(w, map[string]string{"id": disk.ID, "bdf": fmt.Sprintf("0000:00:%02x.0", 0x10+len(v.cfg.Disks))})
 }
@@ -431,6 +450,14 @@ func (v *vmm) handleRemoveDevice(w http.ResponseWriter, r *http.Request) {
 		}
 		v.cfg.Nets = slices.DeleteFunc(v.cfg.Nets, isNet)
 	case slices.ContainsFunc(v.cfg.Disks, isDisk):
+		if dev := v.diskDevs[req.ID]; dev != "" && v.os != nil {
+			i := slices.IndexFunc(v.cfg.Disks, isDisk)
+			if err := v.os.unplugDisk(dev, v.cfg.Disks[i].Serial); err != nil {
+				apiError(w, "vm.remove-device: %v", err)
+				return
+			}
+		}
+		delete(v.diskDevs, req.ID)
 		v.cfg.Disks = slices.DeleteFunc(v.cfg.Disks, isDisk)
 	default:
 		apiError(w, "vm.remove-device: no device with id %q", req.ID)

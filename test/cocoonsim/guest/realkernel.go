@@ -82,6 +82,12 @@ func (q *qemuOS) plug(*nic) error {
 
 func (q *qemuOS) unplug(string) {}
 
+// A real kernel under QEMU gets no hot-plugged disk: the simulator cannot reach its devices.
+func (q *qemuOS) plugDisk(Disk) (string, error) {
+	return "", errors.New("a real-kernel guest takes no hot-plugged disk in the simulator")
+}
+func (q *qemuOS) unplugDisk(string, string) error { return nil }
+
 func (q *qemuOS) network() guestNetwork { return q.net }
 
 // stop ends the guest at once (vm.shutdown, or the VM going away); the hypervisor process goes on.

@@ -30,6 +30,10 @@ type guestOS interface {
 	plug(dev *nic) error
 	// unplug takes the NIC with this device ID away again.
 	unplug(id string)
+	// plugDisk shows a hot-added disk to the running guest and returns its device name;
+	// unplugDisk takes it away again.
+	plugDisk(d Disk) (string, error)
+	unplugDisk(dev, serial string) error
 	// network is the guest's network state, which a snapshot keeps.
 	network() guestNetwork
 	// stop ends the guest; the hypervisor process goes on.

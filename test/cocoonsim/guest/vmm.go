@@ -47,9 +47,10 @@ type vmm struct {
 	restoredNet       guestNetwork
 	restoredMachineID string
 	console           *console
-	nics              map[string]*nic // open virtio-net devices by ID
-	os                guestOS         // nil while no guest runs
-	load              *guestLoad      // what the running guest costs the process; nil with none or a real kernel
+	nics              map[string]*nic   // open virtio-net devices by ID
+	os                guestOS           // nil while no guest runs
+	diskDevs          map[string]string // guest device names of hot-plugged disks, by device ID
+	load              *guestLoad        // what the running guest costs the process; nil with none or a real kernel
 }
 
 // runVMM is the hypervisor process: it parses cloud-hypervisor arguments, boots the VM when they
@@ -169,7 +170,7 @@ func (v *vmm) stopGuest() {
 	v.console.acceptInput(false)
 	if v.os != nil {
 		v.os.stop()
-		v.os = nil
+		v.os, v.diskDevs = nil, nil
 	}
 	if v.load != nil {
 		v.load.close()
