@@ -62,6 +62,9 @@ func (s *Server) CreateContainer(ctx context.Context, req *runtimeapi.CreateCont
 	if err != nil {
 		return nil, err
 	}
+	if err := s.checkDevicesCanAttach(ctx, cfg.GetDevices(), vm.Backend); err != nil {
+		return nil, err
+	}
 	c := &store.Container{
 		ID:        id,
 		SandboxID: sb.ID,
@@ -175,16 +178,12 @@ func validateContainerConfig(cfg *runtimeapi.ContainerConfig) error {
 	if adj := cfg.GetLinux().GetResources().GetOomScoreAdj(); adj < minOOMScoreAdj || adj > maxOOMScoreAdj {
 		return invalid("linux.resources.oom_score_adj %d is outside [%d, %d]", adj, minOOMScoreAdj, maxOOMScoreAdj)
 	}
-	// A host device node means nothing in a guest, which has its own kernel; handing it to the VM
-	// (cocoon's disk and VFIO attach) is not built yet. Refused rather than dropped: a pod that
-	// needs its device must not run without it.
-	if devs := cfg.GetDevices(); len(devs) > 0 {
-		return invalid("devices: %s cannot be given to a VM: cocoon-cri passes no host devices into guests yet "+
-			"(block volumes and device plugins); run this container with another runtime class", devs[0].GetHostPath())
+	if err := validateDevices(cfg.GetDevices()); err != nil {
+		return err
 	}
 	if cdi := cfg.GetCDIDevices(); len(cdi) > 0 {
-		return invalid("CDI device %s cannot be given to a VM: cocoon-cri passes no host devices into guests yet; "+
-			"run this container with another runtime class", cdi[0].GetName())
+		return invalid("CDI device %s cannot be given to a VM: cocoon-cri passes no PCI device into guests yet (only block devices, "+
+			"as disks); run this container with another runtime class", cdi[0].GetName())
 	}
 	return nil
 }

@@ -72,13 +72,18 @@ func (s *Server) startIO(sb *store.Sandbox, c *store.Container) {
 	go s.runGuest(ctx, sb, c, cio)
 }
 
-// runGuest prepares the guest (its network, hostname and resolvers, where cocoon could not, and
-// its volumes) and then runs the main process, if any.
+// runGuest prepares the guest (its network, hostname and resolvers, where cocoon could not, its
+// block devices and its volumes) and then runs the main process, if any.
 func (s *Server) runGuest(ctx context.Context, sb *store.Sandbox, c *store.Container, cio *containerIO) {
 	s.setUpGuest(ctx, sb, c)
 	volumes := containerVolumes(c.Config.Msg)
-	if err := s.deliverVolumes(ctx, sb, c, volumes); err != nil {
-		// The workload must not run without its volumes: the container exits with the reason.
+	err := s.linkDevices(ctx, sb, c)
+	if err == nil {
+		err = s.deliverVolumes(ctx, sb, c, volumes)
+	}
+	if err != nil {
+		// The workload must not run without its devices and volumes: the container exits with the
+		// reason.
 		close(cio.setUp)
 		s.mainExited(ctx, sb.ID, c.ID, -1, err)
 		return

@@ -47,6 +47,9 @@ func (s *Server) StartContainer(ctx context.Context, req *runtimeapi.StartContai
 		cgroup, cgroupCreated, err = s.placeVM(sb, c, vm.PID)
 	}
 	if err == nil {
+		err = s.attachDevices(ctx, sb, c, vm.ID)
+	}
+	if err == nil {
 		// The VM runs either way; only the kernel's choice under memory pressure is at stake.
 		if oomErr := s.setOOMScoreAdj(c, vm.PID); oomErr != nil {
 			log.Warn("the VM keeps the OOM score cocoon gave it", "err", oomErr)

@@ -27,6 +27,8 @@ type Capabilities struct {
 	CloneRestoreMode bool
 	// ReseedMachineID: vm reseed --machine-id gives a clone fresh entropy and its own machine-id.
 	ReseedMachineID bool
+	// DiskAttach: vm disk attach hot-adds a raw file or block device to a running VM (v0.5).
+	DiskAttach bool
 }
 
 // Capabilities probes the binary once and caches the answer, shared by every client of that
@@ -124,6 +126,11 @@ func probe(ctx context.Context, c *Client) (Capabilities, error) {
 		return Capabilities{}, err
 	}
 	caps.ReseedMachineID = strings.Contains(reseed, "cocoon vm reseed") && hasFlag(reseed, "machine-id")
+	disk, err := help("vm", "disk", "attach")
+	if err != nil {
+		return Capabilities{}, err
+	}
+	caps.DiskAttach = strings.Contains(disk, "cocoon vm disk attach") && hasFlag(disk, "path") && hasFlag(disk, "name")
 	return caps, nil
 }
 

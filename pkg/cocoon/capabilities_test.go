@@ -30,7 +30,10 @@ const (
 		"  -o, --output string          output format\n      --pull                   auto-pull base image\n" +
 		"      --restore-mode string    memory restore: copy|ondemand|mmap\n"
 
-	execHelp   = "Run a command inside a running VM via cocoon-agent (vsock)\n\nUsage:\n  cocoon vm exec [flags] VM -- COMMAND [ARGS...]\n\nFlags:\n  -e, --env stringArray   extra env var KEY=VALUE\n  -i, --interactive       attach the caller's stdin\n"
+	execHelp       = "Run a command inside a running VM via cocoon-agent (vsock)\n\nUsage:\n  cocoon vm exec [flags] VM -- COMMAND [ARGS...]\n\nFlags:\n  -e, --env stringArray   extra env var KEY=VALUE\n  -i, --interactive       attach the caller's stdin\n"
+	diskAttachHelp = "Hot-attach a raw disk file to a running VM\n\nUsage:\n  cocoon vm disk attach VM [flags]\n\nFlags:\n" +
+		"      --directio string   O_DIRECT for the disk (default \"auto\")\n      --name string       disk name\n" +
+		"  -o, --output string     output format\n      --path string       absolute path to an existing raw disk file\n      --readonly          attach read-only\n"
 	reseedHelp = "Force a CRNG reseed inside the guest\n\nUsage:\n  cocoon vm reseed VM [flags]\n\nFlags:\n  -h, --help         help for reseed\n      --machine-id   also regenerate /etc/machine-id\n"
 )
 
@@ -46,6 +49,7 @@ func v038Probe() []response {
 		{match: "vm clone --help", stdout: cloneHelpV038},
 		{match: "vm exec --help", stdout: vmHelp},
 		{match: "vm reseed --help", stdout: vmHelp},
+		{match: "vm disk attach --help", stdout: vmHelp},
 	}
 }
 
@@ -55,6 +59,7 @@ func v05Probe() []response {
 		{match: "vm clone --help", stdout: cloneHelpV05},
 		{match: "vm exec --help", stdout: execHelp},
 		{match: "vm reseed --help", stdout: reseedHelp},
+		{match: "vm disk attach --help", stdout: diskAttachHelp},
 	}
 }
 
@@ -66,14 +71,14 @@ func TestCapabilitiesReadTheBinarysHelp(t *testing.T) {
 		t.Fatalf("v0.3.8: %+v %v, want %+v", caps, err, want)
 	}
 	current, dir := fakeCocoon(t, v05Probe()...)
-	want = Capabilities{Version: "v0.5.1", Exec: true, CloneRestoreMode: true, ReseedMachineID: true}
+	want = Capabilities{Version: "v0.5.1", Exec: true, CloneRestoreMode: true, ReseedMachineID: true, DiskAttach: true}
 	for range 3 {
 		if caps, err = current.Capabilities(context.Background()); err != nil || caps != want {
 			t.Fatalf("v0.5: %+v %v, want %+v", caps, err, want)
 		}
 	}
-	if n := len(calls(t, dir)); n != 4 {
-		t.Fatalf("%d calls for three probes, want one probe of four calls per binary", n)
+	if n := len(calls(t, dir)); n != 5 {
+		t.Fatalf("%d calls for three probes, want one probe of five calls per binary", n)
 	}
 }
 

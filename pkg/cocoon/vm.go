@@ -173,6 +173,14 @@ func (c *Client) VMReseed(ctx context.Context, id string, machineID bool) error 
 	return err
 }
 
+// VMDiskAttach hot-adds a raw file or block device to a running cloud-hypervisor VM as a data
+// disk whose serial is name: the guest finds it at /dev/disk/by-id/virtio-<name>.
+func (c *Client) VMDiskAttach(ctx context.Context, id, path, name string, readonly bool) error {
+	args := appendIf([]string{"vm", "disk", "attach", "--path", path, "--name", name}, readonly, "--readonly")
+	_, err := c.run(ctx, call{args: append(args, id)})
+	return err
+}
+
 // VMInspect returns one VM with its state reconciled against the hypervisor process ("stopped
 // (stale)" when the record says running but the process is gone).
 func (c *Client) VMInspect(ctx context.Context, ref string) (*VM, error) {

@@ -101,14 +101,14 @@ func TestBadInputsAreRefusedAndChangeNothing(t *testing.T) {
 			ctrVariant("smallmem", func(c *runtimeapi.ContainerConfig) { c.Linux.Resources.MemoryLimitInBytes = 256 << 20 }), podFile}, "a restored VM cannot shrink"},
 		{"an OOM score out of range", "InvalidArgument", []string{"create", "--no-pull", podID,
 			ctrVariant("oom", func(c *runtimeapi.ContainerConfig) { c.Linux.Resources.OomScoreAdj = 1001 }), podFile}, "oom_score_adj"},
-		{"a host device", "InvalidArgument", []string{"create", "--no-pull", podID,
+		{"a character device", "InvalidArgument", []string{"create", "--no-pull", podID,
 			ctrVariant("device", func(c *runtimeapi.ContainerConfig) {
-				c.Devices = []*runtimeapi.Device{{ContainerPath: "/dev/xvda", HostPath: "/dev/loop0", Permissions: "rwm"}}
-			}), podFile}, "passes no host devices into guests yet"},
+				c.Devices = []*runtimeapi.Device{{ContainerPath: "/dev/fuse", HostPath: "/dev/null", Permissions: "rwm"}}
+			}), podFile}, "is not a block device or a disk file"},
 		{"a CDI device", "InvalidArgument", []string{"create", "--no-pull", podID,
 			ctrVariant("cdi", func(c *runtimeapi.ContainerConfig) {
 				c.CDIDevices = []*runtimeapi.CDIDevice{{Name: "vendor.com/gpu=0"}}
-			}), podFile}, "passes no host devices into guests yet"},
+			}), podFile}, "passes no PCI device into guests yet"},
 		{"the same container twice", "AlreadyExists", []string{"create", "--no-pull", podID, ctrFile, podFile}, ctrID},
 		{"a container in an unknown sandbox", "NotFound", []string{"create", "--no-pull", unknown, ctrFile, podFile}, "not found"},
 		{"a second start", "FailedPrecondition", []string{"start", ctrID}, "only a created container"},
