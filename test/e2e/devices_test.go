@@ -9,7 +9,6 @@ import (
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/cocoonstack/cocoon-cri/test/cocoonsim"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
 )
 
@@ -56,20 +55,13 @@ func TestBlockDevicesReachTheGuest(t *testing.T) {
 
 	// A Firecracker VM, and a cocoon without vm disk attach, cannot take one.
 	n.importImage("e2e/fc:v1", n.snapshotImage("fc", fcSnapshot(guest.Spec{})))
-	fcPodFile := n.configFile("fc-pod.json", n.podConfig("fc", "uid-fc"))
-	fcPod := n.mustCrictl("runp", "--runtime", "cocoon", fcPodFile)
-	fcCfg := containerConfig("dev", "e2e/fc:v1")
-	fcCfg.Devices = []*runtimeapi.Device{{ContainerPath: "/dev/xvda", HostPath: disk, Permissions: "rw"}}
-	if msg := n.crictlFails("InvalidArgument", "create", "--no-pull", fcPod, n.configFile("fc-dev.json", fcCfg), fcPodFile); !strings.Contains(msg, "Firecracker") {
+	cfg := containerConfig("dev", "e2e/fc:v1")
+	cfg.Devices = []*runtimeapi.Device{{ContainerPath: "/dev/xvda", HostPath: disk, Permissions: "rw"}}
+	if msg := n.createRefused("fc", cfg); !strings.Contains(msg, "Firecracker") {
 		t.Fatalf("a device for a Firecracker VM: %s", msg)
 	}
-	old := newNodeWithEnv(t, []string{cocoonsim.VersionEnv + "=0.3.8"})
-	old.withSnapshot()
-	podFile := old.configFile("pod.json", old.podConfig("old", "uid-old"))
-	oldPod := old.mustCrictl("runp", "--runtime", "cocoon", podFile)
-	cfg := containerConfig("dev", snapRef)
-	cfg.Devices = []*runtimeapi.Device{{ContainerPath: "/dev/xvda", HostPath: disk, Permissions: "rw"}}
-	msg := old.crictlFails("InvalidArgument", "create", "--no-pull", oldPod, old.configFile("dev.json", cfg), podFile)
+	cfg.Image.Image = snapRef
+	msg := oldCocoonNode(t).createRefused("old", cfg)
 	if !strings.Contains(msg, "no vm disk attach") || !strings.Contains(msg, disk) {
 		t.Fatalf("a device on cocoon v0.3.8: %s", msg)
 	}

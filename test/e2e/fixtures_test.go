@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"testing"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/test/cocoonsim"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
 )
@@ -155,4 +157,22 @@ func (n *node) vmPID(ctrID string) int {
 		n.t.Fatalf("container %s has no VM PID", ctrID)
 	}
 	return int(pid)
+}
+
+// oldCocoonNode is a node on cocoon v0.3.8, which has no vm exec and no vm disk attach, with no
+// guest login configured and snapRef imported.
+func oldCocoonNode(t *testing.T) *node {
+	t.Helper()
+	n := newNodeWithEnv(t, []string{cocoonsim.VersionEnv + "=0.3.8"})
+	n.withSnapshot()
+	return n
+}
+
+// createRefused creates cfg in a new pod named name and returns the InvalidArgument the create
+// must fail with.
+func (n *node) createRefused(name string, cfg *runtimeapi.ContainerConfig) string {
+	n.t.Helper()
+	podFile := n.configFile(name+"-pod.json", n.podConfig(name, "uid-"+name))
+	podID := n.mustCrictl("runp", "--runtime", "cocoon", podFile)
+	return n.crictlFails("InvalidArgument", "create", "--no-pull", podID, n.configFile(name+"-ctr.json", cfg), podFile)
 }

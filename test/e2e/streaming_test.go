@@ -363,13 +363,9 @@ func TestExecOverSSHWithoutCocoonExec(t *testing.T) {
 		t.Fatalf("the guest's host key was not pinned: %q", hostKey)
 	}
 
-	bare := newNodeWithEnv(t, []string{cocoonsim.VersionEnv + "=0.3.8"})
-	bare.withSnapshot()
-	podFile := bare.configFile("pod.json", bare.podConfig("cmd", "uid-cmd"))
-	podID := bare.mustCrictl("runp", "--runtime", "cocoon", podFile)
 	cfg := containerConfig("work", snapRef)
 	cfg.Command = []string{"top"}
-	msg := bare.crictlFails("InvalidArgument", "create", "--no-pull", podID, bare.configFile("cmd.json", cfg), podFile)
+	msg := oldCocoonNode(t).createRefused("cmd", cfg)
 	if !strings.Contains(msg, "--guest-ssh-key-file") {
 		t.Fatalf("the refusal does not say what to configure: %s", msg)
 	}

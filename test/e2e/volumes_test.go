@@ -10,8 +10,6 @@ import (
 
 	"golang.org/x/sys/unix"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
-
-	"github.com/cocoonstack/cocoon-cri/test/cocoonsim"
 )
 
 // TestVolumesReachTheGuest: the kubelet's volumes, which a guest cannot see on the node, are
@@ -186,13 +184,9 @@ func TestVolumeRefusals(t *testing.T) {
 		t.Fatalf("refused containers were recorded: %q", out)
 	}
 
-	bare := newNodeWithEnv(t, []string{cocoonsim.VersionEnv + "=0.3.8"})
-	bare.withSnapshot()
-	barePod := bare.configFile("pod.json", bare.podConfig("nopath", "uid-nopath"))
-	barePodID := bare.mustCrictl("runp", "--runtime", "cocoon", barePod)
 	cfg := containerConfig("vol", snapRef)
 	cfg.Mounts = []*runtimeapi.Mount{{ContainerPath: "/etc/app", HostPath: t.TempDir(), Readonly: true}}
-	msg := bare.crictlFails("InvalidArgument", "create", "--no-pull", barePodID, bare.configFile("vol.json", cfg), barePod)
+	msg := oldCocoonNode(t).createRefused("nopath", cfg)
 	if !strings.Contains(msg, "/etc/app") || !strings.Contains(msg, "--guest-ssh-key-file") {
 		t.Fatalf("a volume with no way into the guest: %s", msg)
 	}
