@@ -28,9 +28,6 @@ func (s *Server) CreateContainer(ctx context.Context, req *runtimeapi.CreateCont
 	if err := s.checkCommandCanRun(ctx, cfg); err != nil {
 		return nil, err
 	}
-	if err := s.checkVolumesCanReach(ctx, cfg); err != nil {
-		return nil, err
-	}
 	// Before the sandbox lock: bringing the image into cocoon may take long.
 	img, err := s.containerImage(ctx, cfg.GetImage())
 	if err != nil {
@@ -63,6 +60,9 @@ func (s *Server) CreateContainer(ctx context.Context, req *runtimeapi.CreateCont
 		return nil, err
 	}
 	if err := s.checkDevicesCanAttach(ctx, cfg.GetDevices(), vm.Backend); err != nil {
+		return nil, err
+	}
+	if err := s.checkVolumesCanReach(ctx, cfg, vm); err != nil {
 		return nil, err
 	}
 	c := &store.Container{

@@ -76,7 +76,12 @@ func (s *Server) startIO(sb *store.Sandbox, c *store.Container) {
 // block devices and its volumes) and then runs the main process, if any.
 func (s *Server) runGuest(ctx context.Context, sb *store.Sandbox, c *store.Container, cio *containerIO) {
 	s.setUpGuest(ctx, sb, c)
-	volumes := containerVolumes(c.Config.Msg)
+	takesCopies := s.guestTakesCopies(ctx, c)
+	if !takesCopies && len(c.Config.Msg.GetMounts()) > 0 {
+		s.log.Info("the kubelet's /etc/hosts and termination log are left out: the guest takes no copies (no way into it, or Windows)",
+			"container", c.ID)
+	}
+	volumes := containerVolumes(c.Config.Msg, takesCopies)
 	err := s.linkDevices(ctx, sb, c)
 	if err == nil {
 		err = s.deliverVolumes(ctx, sb, c, volumes)
@@ -88,6 +93,8 @@ func (s *Server) runGuest(ctx context.Context, sb *store.Sandbox, c *store.Conta
 		s.mainExited(ctx, sb.ID, c.ID, -1, err)
 		return
 	}
+	s.log.Info("the guest has the container's devices and volumes", "container", c.ID,
+		"devices", len(c.Config.Msg.GetDevices()), "volumes", len(volumes))
 	close(cio.setUp)
 	go s.keepVolumesInStep(ctx, sb, c, volumes, s.log.With("container", c.ID, "vm", c.VM.Name))
 	if cio.main != nil {

@@ -64,9 +64,11 @@ func validateMounts(mounts []*runtimeapi.Mount) error {
 }
 
 // checkVolumesCanReach refuses a container whose volumes cannot be copied into its guest: no way
-// to run commands there, a host path that is neither a directory nor a file, or more than the
-// bound. A missing host path is made a directory first, as containerd does.
-func (s *Server) checkVolumesCanReach(ctx context.Context, cfg *runtimeapi.ContainerConfig) error {
+// to run commands there or a Windows guest (the copy is a POSIX shell's), a host path that is
+// neither a directory nor a file, or more than the bound. Only the files the kubelet gives every
+// container are left out then, and said so: refusing them would refuse every pod. A missing host
+// path is made a directory first, as containerd does.
+func (s *Server) checkVolumesCanReach(ctx context.Context, cfg *runtimeapi.ContainerConfig, vm store.VM) error {
 	mounts := cfg.GetMounts()
 	if len(mounts) == 0 {
 		return nil
@@ -75,13 +77,19 @@ func (s *Server) checkVolumesCanReach(ctx context.Context, cfg *runtimeapi.Conta
 	if err != nil {
 		return err
 	}
-	if execPath == ExecPathNone {
-		return invalid("mounts: %s cannot reach the guest: volumes are copied in through cocoon's vm exec or SSH, and neither is available "+
-			"(this cocoon has no vm exec and no --guest-ssh-key-file is set); upgrade cocoon, configure SSH, or drop the volume",
-			mounts[0].GetContainerPath())
-	}
 	budget := s.volumeLimits()
 	for _, m := range mounts {
+		switch {
+		case (execPath == ExecPathNone || vm.Windows) && kubeletFileMount(cfg, m):
+			continue
+		case execPath == ExecPathNone:
+			return invalid("mounts: %s cannot reach the guest: volumes are copied in through cocoon's vm exec or SSH, and neither is available "+
+				"(this cocoon has no vm exec and no --guest-ssh-key-file is set); upgrade cocoon, configure SSH, or drop the volume",
+				m.GetContainerPath())
+		case vm.Windows:
+			return invalid("mounts: %s cannot reach a Windows guest: cocoon-cri copies volumes in with a POSIX shell; drop the volume",
+				m.GetContainerPath())
+		}
 		source, err := volumeSource(m.GetHostPath(), true)
 		if err != nil {
 			return invalid("mounts: %s: %v", m.GetContainerPath(), err)
@@ -100,6 +108,26 @@ func (s *Server) checkVolumesCanReach(ctx context.Context, cfg *runtimeapi.Conta
 		budget.MaxEntries -= len(tree.Entries)
 	}
 	return nil
+}
+
+// kubeletFileMount reports whether m is one of the files the kubelet gives every container: the
+// pod's /etc/hosts (its etc-hosts file) and the termination log (containers/<name>/<id> in the
+// pod's directory).
+func kubeletFileMount(cfg *runtimeapi.ContainerConfig, m *runtimeapi.Mount) bool {
+	source := filepath.Clean(m.GetHostPath())
+	if path.Clean(m.GetContainerPath()) == "/etc/hosts" && filepath.Base(source) == "etc-hosts" {
+		return true
+	}
+	dir := filepath.Dir(source)
+	return filepath.Base(dir) == cfg.GetMetadata().GetName() && filepath.Base(filepath.Dir(dir)) == "containers"
+}
+
+// guestTakesCopies reports whether volumes can be copied into the container's guest: a guest
+// that takes commands and has a POSIX shell. A cocoon that cannot be asked now counts as able:
+// the copy then fails, and says why.
+func (s *Server) guestTakesCopies(ctx context.Context, c *store.Container) bool {
+	execPath, _, err := s.guestExecPath(ctx, c)
+	return !c.VM.Windows && (err != nil || execPath != ExecPathNone)
 }
 
 func (s *Server) volumeLimits() guestvolume.Limits {
@@ -132,8 +160,12 @@ type volumeCopy struct {
 }
 
 // containerVolumes is a container's mounts as copies, parents before what is mounted inside them.
-func containerVolumes(cfg *runtimeapi.ContainerConfig) []*volumeCopy {
-	mounts := slices.Clone(cfg.GetMounts())
+// Into a guest that takes no copies, the kubelet's own files are left out (CreateContainer
+// refused anything else).
+func containerVolumes(cfg *runtimeapi.ContainerConfig, takesCopies bool) []*volumeCopy {
+	mounts := slices.DeleteFunc(slices.Clone(cfg.GetMounts()), func(m *runtimeapi.Mount) bool {
+		return !takesCopies && kubeletFileMount(cfg, m)
+	})
 	slices.SortStableFunc(mounts, func(a, b *runtimeapi.Mount) int {
 		return cmp.Compare(path.Clean(a.GetContainerPath()), path.Clean(b.GetContainerPath()))
 	})

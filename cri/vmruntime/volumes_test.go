@@ -52,7 +52,7 @@ func TestContainerVolumesOrderAndPolicy(t *testing.T) {
 		{ContainerPath: "/etc/hosts/", HostPath: "/h"},
 	}}
 	var got []string
-	for _, vc := range containerVolumes(cfg) {
+	for _, vc := range containerVolumes(cfg, true) {
 		got = append(got, vc.guest.Target+" "+vc.guest.DataDir+" "+map[bool]string{true: "once", false: "synced"}[vc.guest.Once])
 	}
 	want := []string{
@@ -62,5 +62,27 @@ func TestContainerVolumesOrderAndPolicy(t *testing.T) {
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// The kubelet's own files are recognised by where the kubelet keeps them, and only those are left
+// out of a guest that takes no copies.
+func TestKubeletFilesAreLeftOutOfGuestsWithoutCopies(t *testing.T) {
+	pod := "/var/lib/kubelet/pods/0c2f/"
+	cfg := &runtimeapi.ContainerConfig{Metadata: &runtimeapi.ContainerMetadata{Name: "app"}, Mounts: []*runtimeapi.Mount{
+		{ContainerPath: "/etc/hosts", HostPath: pod + "etc-hosts"},
+		{ContainerPath: "/dev/termination-log", HostPath: pod + "containers/app/3f1c9a2e"},
+		{ContainerPath: "/etc/config", HostPath: pod + "volumes/kubernetes.io~configmap/config", Readonly: true},
+		{ContainerPath: "/etc/hosts2", HostPath: "/srv/etc-hosts"},
+	}}
+	var kept []string
+	for _, vc := range containerVolumes(cfg, false) {
+		kept = append(kept, vc.guest.Target)
+	}
+	if want := "/etc/config /etc/hosts2"; strings.Join(kept, " ") != want {
+		t.Fatalf("kept %q, want %q", kept, want)
+	}
+	if got := len(containerVolumes(cfg, true)); got != 4 {
+		t.Fatalf("a guest that takes copies gets %d volumes, want all 4", got)
 	}
 }

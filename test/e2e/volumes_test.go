@@ -184,10 +184,37 @@ func TestVolumeRefusals(t *testing.T) {
 		t.Fatalf("refused containers were recorded: %q", out)
 	}
 
+	old := oldCocoonNode(t)
 	cfg := containerConfig("vol", snapRef)
 	cfg.Mounts = []*runtimeapi.Mount{{ContainerPath: "/etc/app", HostPath: t.TempDir(), Readonly: true}}
-	msg := oldCocoonNode(t).createRefused("nopath", cfg)
+	msg := old.createRefused("nopath", cfg)
 	if !strings.Contains(msg, "/etc/app") || !strings.Contains(msg, "--guest-ssh-key-file") {
 		t.Fatalf("a volume with no way into the guest: %s", msg)
+	}
+	// The files the kubelet gives every container are left out there rather than refused: the
+	// VM's own init is the workload, and it runs.
+	podDir := t.TempDir()
+	termLog := filepath.Join(podDir, "containers", "app", "8d1c2f0a")
+	for _, f := range []string{filepath.Join(podDir, "etc-hosts"), termLog} {
+		if err := os.MkdirAll(filepath.Dir(f), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(f, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, ctrID, _ := old.runningPodWith("kubeletfiles", snapRef, func(cfg *runtimeapi.ContainerConfig) {
+		cfg.Mounts = []*runtimeapi.Mount{
+			{ContainerPath: "/etc/hosts", HostPath: filepath.Join(podDir, "etc-hosts")},
+			{ContainerPath: "/dev/termination-log", HostPath: termLog},
+		}
+	})
+	for deadline := time.Now().Add(time.Minute); !strings.Contains(old.log(), `msg="the guest has the container's devices and volumes" container=`+ctrID); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the guest was never ready for the container:\n%s", old.log())
+		}
+	}
+	if st := field(old.inspect("inspect", ctrID), "status", "state"); st != "CONTAINER_RUNNING" {
+		t.Fatalf("a container with only the kubelet's files, on a cocoon with no way into guests: %v", st)
 	}
 }
