@@ -36,7 +36,7 @@ func newGuest(t *testing.T, userland string, target string) *guest {
 			t.Skip("no busybox")
 		}
 		dir := t.TempDir()
-		for _, applet := range []string{"sh", "tar", "cp", "find", "xargs", "mv", "mount", "rm", "mkdir", "dirname", "cat"} {
+		for _, applet := range []string{"sh", "tar", "cp", "find", "xargs", "mv", "mount", "rm", "mkdir", "dirname", "cat", "readlink"} {
 			if err := os.Symlink(bb, filepath.Join(dir, applet)); err != nil {
 				t.Fatal(err)
 			}
@@ -177,6 +177,28 @@ func TestConfigMapSwapsReachTheCopy(t *testing.T) {
 			}
 			if _, err := os.Stat(g.v.DataDir + ".stage"); err == nil {
 				t.Fatal("the staging directory is left behind")
+			}
+		})
+	}
+}
+
+// TestTargetThroughASymlink: a guest's /var/run is a link to /run, and the service-account token
+// goes to /var/run/secrets/...; the read-only remount must name the mount where it really is.
+func TestTargetThroughASymlink(t *testing.T) {
+	for _, userland := range []string{"gnu", "busybox"} {
+		t.Run(userland, func(t *testing.T) {
+			root := t.TempDir()
+			if err := os.Mkdir(filepath.Join(root, "run"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink("run", filepath.Join(root, "varrun")); err != nil {
+				t.Fatal(err)
+			}
+			g := newGuest(t, userland, filepath.Join(root, "varrun", "secrets", "token"))
+			host := t.TempDir()
+			atomicWrite(t, host, "..2026_11_25_10_00_00.1", map[string]string{"token": "abc"})
+			if code := g.sync(host); code != 0 {
+				t.Fatalf("a read-only volume whose target is under a symlink: exit %d", code)
 			}
 		})
 	}

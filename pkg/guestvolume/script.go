@@ -25,7 +25,7 @@ type Volume struct {
 
 // Script is the shell script that applies u, read as a tar stream on stdin (WriteTar), to the
 // guest's copy of v, and binds it at the target the first time. It needs sh, tar, cp, find,
-// xargs, mv -T and mount -o bind, which GNU and busybox userlands both have.
+// xargs, mv -T, readlink -f and mount -o bind, which GNU and busybox userlands both have.
 func (u Update) Script(v Volume, file bool) string {
 	var b strings.Builder
 	q := func(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
@@ -60,6 +60,9 @@ done
 	} else {
 		b.WriteString("mkdir -p \"$t\"\n")
 	}
+	// busybox's remount looks the target up in /proc/mounts by name, where links are resolved: a
+	// token under /var/run (a link to /run) would not be found.
+	b.WriteString("t=$(readlink -f \"$t\")\n")
 	fmt.Fprintf(&b, "mount -o bind %s \"$t\"\n", src)
 	if v.ReadOnly {
 		b.WriteString("mount -o remount,bind,ro \"$t\"\n")
