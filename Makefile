@@ -6,7 +6,7 @@ BIN       := $(CURDIR)/bin
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo 0.1.0-dev)
 LDFLAGS   := -X main.version=$(VERSION)
 
-.PHONY: all build setup tools test unit e2e vet fmt-check race demo bench clean
+.PHONY: all build setup tools test unit e2e vet fmt-check race demo cluster bench clean
 
 all: build
 
@@ -22,8 +22,9 @@ setup:
 	./hack/setup-realguest.sh
 	./hack/setup-erofs.sh
 
-# crictl and critest (pinned in test/tools/go.mod), the kubelet (test/tools/kubelet/go.mod) and
-# containerd with its runc shim and ctr (test/tools/containerd/go.mod), built once per version.
+# crictl and critest (pinned in test/tools/go.mod), the kubelet, the control plane and kubectl
+# (test/tools/kubelet/go.mod), etcd (test/tools/etcd/go.mod) and containerd with its runc shim and
+# ctr (test/tools/containerd/go.mod), built once per version.
 tools:
 	./hack/build-tools.sh
 
@@ -42,6 +43,10 @@ test: setup tools fmt-check vet
 demo: setup build
 	./hack/build-tools.sh crictl
 	./hack/demo.sh
+
+# A one-node Kubernetes with cocoon-cri as its runtime, for kubectl; hack/cluster.sh down ends it.
+cluster:
+	./hack/cluster.sh up
 
 # Benchmarks (Go benchmarks, and critest -benchmark against a real containerd and through
 # cocoon-cri), written to docs/performance.md. Run on an idle machine.

@@ -2,7 +2,10 @@
 # Builds the pinned test clients into bin/: crictl and critest from test/tools, the kubelet from
 # test/tools/kubelet (a module of its own: k8s.io/kubernetes pins its staging modules with replace
 # directives that crictl's module must not inherit), containerd with its runc shim and ctr from
-# test/tools/containerd (the passthrough runtime of the tests). With arguments, only the tools named.
+# test/tools/containerd (the passthrough runtime of the tests), and the control plane of
+# hack/cluster.sh: kube-apiserver, kube-controller-manager, kube-scheduler and kubectl from
+# test/tools/kubelet, etcd from test/tools/etcd.
+# With arguments, only the tools named.
 # A stamp per binary records the version it was built from, so a repeat run is a no-op.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +34,7 @@ build() {
 }
 
 tools=("$@")
-[ ${#tools[@]} -gt 0 ] || tools=(crictl critest kubelet containerd)
+[ ${#tools[@]} -gt 0 ] || tools=(crictl critest kubelet containerd control-plane)
 for tool in "${tools[@]}"; do
   case $tool in
     crictl|critest)
@@ -44,13 +47,22 @@ for tool in "${tools[@]}"; do
         build critest "$v" test/tools sigs.k8s.io/cri-tools/cmd/critest test -c -ldflags "$ld"
       fi
       ;;
-    kubelet)
-      # About 10 minutes on a cold build cache.
+    kubelet|control-plane)
+      # The kubelet takes about 10 minutes on a cold build cache; the control plane and kubectl,
+      # which share most of its packages, about 8 more.
       v=$(pinned test/tools/kubelet k8s.io/kubernetes)
       minor=${v#v1.}
       minor=${minor%%.*}
-      build kubelet "$v" test/tools/kubelet k8s.io/kubernetes/cmd/kubelet build \
-        -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$v -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
+      ld="-s -w -X k8s.io/component-base/version.gitVersion=$v -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
+      if [ "$tool" = kubelet ]; then
+        build kubelet "$v" test/tools/kubelet k8s.io/kubernetes/cmd/kubelet build -ldflags "$ld"
+      else
+        for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+          build "$cmd" "$v" test/tools/kubelet "k8s.io/kubernetes/cmd/$cmd" build -ldflags "$ld"
+        done
+        v=$(pinned test/tools/etcd go.etcd.io/etcd/server/v3)
+        build etcd "$v" test/tools/etcd go.etcd.io/etcd/server/v3 build -ldflags "-s -w"
+      fi
       ;;
     containerd)
       # About 3 minutes on a cold build cache. The shim must sit beside containerd: the tests put
@@ -62,7 +74,7 @@ for tool in "${tools[@]}"; do
       done
       ;;
     *)
-      echo "build-tools: unknown tool $tool (crictl, critest, kubelet, containerd)" >&2
+      echo "build-tools: unknown tool $tool (crictl, critest, kubelet, containerd, control-plane)" >&2
       exit 1
       ;;
   esac

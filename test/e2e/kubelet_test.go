@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
@@ -38,8 +39,20 @@ type kubelet struct {
 // startKubelet runs the kubelet in the node's network namespace and in a mount namespace of its
 // own: its bind mount of the root dir, the stand-in sysctls and a private /var/log and /var/lib
 // (it makes /var/log/containers and /var/lib/kubelet/device-plugins whatever its flags say) all
-// go with it. It is stopped when the test ends.
+// go with it. It is stopped when the test ends. Without an API server it runs static pods only.
 func (n *node) startKubelet() *kubelet {
+	n.t.Helper()
+	return n.startKubeletWith(kubeletOptions{})
+}
+
+// kubeletOptions register the kubelet with an API server.
+type kubeletOptions struct {
+	kubeconfig string
+	nodeIP     string
+	labels     string // --node-labels
+}
+
+func (n *node) startKubeletWith(opts kubeletOptions) *kubelet {
 	n.t.Helper()
 	k := &kubelet{n: n, dir: filepath.Join(n.dir, "kubelet")}
 	k.manifests = filepath.Join(k.dir, "manifests")
@@ -61,7 +74,8 @@ failCgroupV1: false
 failSwapOn: false
 cgroupsPerQOS: false
 enforceNodeAllocatable: []
-address: 127.0.0.1
+# Every address of the node's namespace: an API server reaches it at the node's.
+address: 0.0.0.0
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
 podLogsDir: %[1]s/pods
@@ -76,7 +90,13 @@ imageGCLowThresholdPercent: 99
 		n.t.Fatal(err)
 	}
 	var setup strings.Builder
-	setup.WriteString("set -e\nmount -t tmpfs tmpfs /var/log\nmount -t tmpfs tmpfs /var/lib\n")
+	// The kubelet's root dir is the one mount it shares with the host, as on a node: the volumes
+	// it mounts there (tmpfs for Secrets and projected tokens) are what cocoon-cri copies. Every
+	// other mount of its namespace is made private first, so nothing else it mounts propagates.
+	root := filepath.Join(k.dir, "root")
+	k.shareRootDir(root)
+	fmt.Fprintf(&setup, "set -e\nfindmnt -rno TARGET | while read -r m; do [ \"$m\" = %q ] || mount --make-private \"$m\"; done\n", root)
+	setup.WriteString("mount -t tmpfs tmpfs /var/log\nmount -t tmpfs tmpfs /var/lib\n")
 	// The kubelet sees stand-in files over the global sysctls it sets, so the host's values never
 	// change.
 	for _, s := range hostguard.KubeletSysctls {
@@ -90,10 +110,13 @@ imageGCLowThresholdPercent: 99
 	}
 	defer logFile.Close()
 	// nsenter, unshare and sh each exec the next: the PID is the kubelet's.
-	cmd := exec.Command("nsenter", "--net="+n.nodeNS, "--", "unshare", "--mount", "--propagation", "private", "--",
+	cmd := exec.Command("nsenter", "--net="+n.nodeNS, "--", "unshare", "--mount", "--propagation", "unchanged", "--",
 		"sh", "-c", setup.String(), "kubelet", bins.kubelet,
-		"--config", configFile, "--root-dir", filepath.Join(k.dir, "root"), "--cert-dir", filepath.Join(k.dir, "pki"),
+		"--config", configFile, "--root-dir", root, "--cert-dir", filepath.Join(k.dir, "pki"),
 		"--hostname-override", kubeletNodeName, "--v", "2")
+	if opts.kubeconfig != "" {
+		cmd.Args = append(cmd.Args, "--kubeconfig", opts.kubeconfig, "--node-ip", opts.nodeIP, "--node-labels", opts.labels)
+	}
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if k.proc, err = testproc.Start(cmd); err != nil {
 		n.t.Fatal(err)
@@ -104,6 +127,26 @@ imageGCLowThresholdPercent: 99
 		return err == nil && status == 200, fmt.Sprintf("%d %q %v", status, body, err)
 	})
 	return k
+}
+
+// shareRootDir makes the kubelet's root dir a shared mount of the host's namespace; when the test
+// ends, it goes with whatever volumes the kubelet left mounted in it.
+func (k *kubelet) shareRootDir(root string) {
+	k.n.t.Helper()
+	if err := os.MkdirAll(root, 0o750); err != nil {
+		k.n.t.Fatal(err)
+	}
+	if err := unix.Mount(root, root, "", unix.MS_BIND, ""); err != nil {
+		k.n.t.Fatalf("bind the kubelet's root dir: %v", err)
+	}
+	k.n.t.Cleanup(func() {
+		if err := unix.Unmount(root, unix.MNT_DETACH); err != nil {
+			k.n.t.Errorf("unmount the kubelet's root dir: %v", err)
+		}
+	})
+	if err := unix.Mount("", root, "", unix.MS_SHARED, ""); err != nil {
+		k.n.t.Fatalf("share the kubelet's root dir: %v", err)
+	}
 }
 
 // stop ends the kubelet by PID: SIGTERM, then SIGKILL.

@@ -16,6 +16,8 @@ import (
 // bins are the executables under test, built once for the package.
 var bins struct {
 	cocoonCRI, cocoonSim, crictl, critest, kubelet string
+	// The control plane of the cluster tests.
+	etcd, kubeAPIServer, kubeControllerManager, kubeScheduler, kubectl string
 }
 
 func TestMain(m *testing.M) {
@@ -70,8 +72,14 @@ func run(m *testing.M) int {
 	if toolDir == "" {
 		toolDir = filepath.Join(root, "bin")
 	}
-	bins.crictl, bins.critest, bins.kubelet = filepath.Join(toolDir, "crictl"), filepath.Join(toolDir, "critest"), filepath.Join(toolDir, "kubelet")
-	for _, tool := range []string{bins.crictl, bins.critest, bins.kubelet} {
+	tools := map[*string]string{
+		&bins.crictl: "crictl", &bins.critest: "critest", &bins.kubelet: "kubelet",
+		&bins.etcd: "etcd", &bins.kubeAPIServer: "kube-apiserver", &bins.kubeControllerManager: "kube-controller-manager",
+		&bins.kubeScheduler: "kube-scheduler", &bins.kubectl: "kubectl",
+	}
+	for path, name := range tools {
+		tool := filepath.Join(toolDir, name)
+		*path = tool
 		if _, err := os.Stat(tool); err != nil {
 			fmt.Fprintf(os.Stderr, "e2e: %s is missing: run make tools (make test does)\n", tool)
 			return 1

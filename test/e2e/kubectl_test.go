@@ -1,0 +1,467 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
+	containerdtest "github.com/cocoonstack/cocoon-cri/test/containerd"
+	"github.com/cocoonstack/cocoon-cri/test/testimage"
+	"github.com/cocoonstack/cocoon-cri/test/testproc"
+)
+
+// clusterDirEnv is set only by hack/cluster.sh up: the directory it keeps a cluster's files in.
+// TestServeCluster serves only then.
+const clusterDirEnv = "COCOON_CLUSTER_SERVE_DIR"
+
+// The VM images every cluster has.
+const (
+	clusterWebImage   = "cocoon.local/agent-sandbox:v1"
+	clusterCrashImage = "cocoon.local/crashing:v1"
+)
+
+// TestServeCluster is what hack/cluster.sh up runs: a node (cocoon-cri on the simulator,
+// containerd through passthrough) with the control plane, served until SIGTERM. It writes
+// <dir>/env (the exports for kubectl and crictl) and <dir>/node (where the node keeps its files)
+// once everything is up; when it ends, everything goes, as after every test.
+func TestServeCluster(t *testing.T) {
+	dir := os.Getenv(clusterDirEnv)
+	if dir == "" {
+		t.Skip("hack/cluster.sh up runs this")
+	}
+	n, ctrd := newPassthroughNode(t, containerdtest.Options{})
+	n.start()
+	c := n.startCluster()
+	n.importImage(clusterWebImage, n.snapshotImage("web", testimage.SnapshotOptions{Guest: guest.Spec{Busybox: true, HTTPPort: 80}}))
+	n.importImage(clusterCrashImage, n.snapshotImage("crash", testimage.SnapshotOptions{Guest: guest.Spec{CrashAfter: guest.Duration(10 * time.Second)}}))
+
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	data, err := os.ReadFile(c.kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFileAtomic(t, kubeconfig, data)
+	writeFileAtomic(t, filepath.Join(dir, "node"), []byte(strings.Join([]string{
+		"socket=" + n.socket, "log=" + n.logFile, "state=" + n.stateDir, "netns=" + n.netnsDir, "ipam=" + n.ipamDir,
+		"node-netns=" + n.nodeNS, "cocoon-root=" + n.rootDir, "cocoon-run=" + n.runDir, "cocoon-log=" + n.logDir,
+		"containerd=" + ctrd.Endpoint(), "control-plane=" + c.dir,
+	}, "\n")+"\n"))
+	// Written last: hack/cluster.sh waits for it.
+	writeFileAtomic(t, filepath.Join(dir, "env"), fmt.Appendf(nil,
+		"export KUBECONFIG=%s\nexport CONTAINER_RUNTIME_ENDPOINT=unix://%s\n", kubeconfig, n.socket))
+	t.Log("the cluster is up")
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	<-ctx.Done()
+	t.Log("stopping the cluster")
+}
+
+func writeFileAtomic(t *testing.T, path string, data []byte) {
+	t.Helper()
+	if err := os.WriteFile(path+".tmp", data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(path+".tmp", path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// upCluster runs hack/cluster.sh up, serving from this test binary, and down when the test ends.
+// It returns the environment up printed and the node's file locations.
+func upCluster(t *testing.T) (env, nodeFiles map[string]string) {
+	t.Helper()
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "cluster")
+	if err != nil {
+		t.Fatal(err)
+	}
+	script := func(verb string) *exec.Cmd {
+		cmd := exec.Command(filepath.Join(root, "hack", "cluster.sh"), verb)
+		cmd.Env = append(os.Environ(), "COCOON_CLUSTER_DIR="+dir, "COCOON_CLUSTER_SERVER="+self,
+			"COCOON_CRI_BIN="+filepath.Dir(bins.kubectl))
+		return cmd
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			log, _ := os.ReadFile(filepath.Join(dir, "cluster.log"))
+			t.Logf("the cluster's log (last 150 lines):\n%s", lastLines(string(log), 150))
+		}
+		if out, err := script("down").CombinedOutput(); err != nil {
+			t.Errorf("hack/cluster.sh down: %v: %s", err, out)
+		}
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Errorf("hack/cluster.sh down left %s", dir)
+			_ = os.RemoveAll(dir)
+		}
+	})
+	out, err := script("up").Output()
+	if err != nil {
+		t.Fatalf("hack/cluster.sh up: %v", err)
+	}
+	env = map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		key, value, ok := strings.Cut(strings.TrimPrefix(line, "export "), "=")
+		if !ok {
+			t.Fatalf("hack/cluster.sh up printed %q, want export lines", out)
+		}
+		env[key] = value
+	}
+	if env["KUBECONFIG"] == "" || !strings.HasPrefix(env["CONTAINER_RUNTIME_ENDPOINT"], "unix://") {
+		t.Fatalf("hack/cluster.sh up printed %q, want KUBECONFIG and CONTAINER_RUNTIME_ENDPOINT", out)
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "node"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeFiles = map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		key, value, _ := strings.Cut(line, "=")
+		nodeFiles[key] = value
+	}
+	return env, nodeFiles
+}
+
+// kubectlUser runs kubectl as a user of hack/cluster.sh does: on the host, with the printed
+// KUBECONFIG.
+type kubectlUser struct {
+	t   *testing.T
+	env []string
+}
+
+func (k kubectlUser) cmd(stdin io.Reader, args ...string) *exec.Cmd {
+	cmd := exec.Command(bins.kubectl, append([]string{"--request-timeout", "90s"}, args...)...)
+	cmd.Env, cmd.Stdin = k.env, stdin
+	return cmd
+}
+
+func (k kubectlUser) run(stdin io.Reader, args ...string) (string, error) {
+	var stderr strings.Builder
+	cmd := k.cmd(stdin, args...)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return string(out), fmt.Errorf("kubectl %s: %w: %s", strings.Join(args, " "), err, stderr.String())
+	}
+	return string(out), nil
+}
+
+func (k kubectlUser) must(args ...string) string {
+	k.t.Helper()
+	out, err := k.run(nil, args...)
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	return out
+}
+
+// eventually polls fn for up to three minutes.
+func (k kubectlUser) eventually(what string, fn func() error) {
+	k.t.Helper()
+	var last error
+	for deadline := time.Now().Add(3 * time.Minute); time.Now().Before(deadline); time.Sleep(time.Second) {
+		if last = fn(); last == nil {
+			return
+		}
+	}
+	k.t.Fatalf("%s: not within 3 minutes: %v", what, last)
+}
+
+const clusterPods = `apiVersion: v1
+kind: Pod
+metadata: {name: vm}
+spec:
+  runtimeClassName: cocoon
+  terminationGracePeriodSeconds: 5
+  containers:
+  - name: vm
+    image: ` + clusterWebImage + `
+    imagePullPolicy: Never
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: crash}
+spec:
+  runtimeClassName: cocoon
+  terminationGracePeriodSeconds: 5
+  containers:
+  - name: crash
+    image: ` + clusterCrashImage + `
+    imagePullPolicy: Never
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: shell}
+spec:
+  runtimeClassName: cocoon
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 5
+  containers:
+  - name: shell
+    image: ` + clusterWebImage + `
+    imagePullPolicy: Never
+    command: [/bin/sh]
+    stdin: true
+    stdinOnce: true
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: proxy}
+spec:
+  hostNetwork: true
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: proxy
+    image: ` + containerdtest.BusyboxImage + `
+    imagePullPolicy: Never
+    command: [sh, -c, "echo proxy up; exec sleep 3600"]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: agent}
+spec:
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: agent
+    image: ` + containerdtest.BusyboxImage + `
+    imagePullPolicy: Never
+    command: [sh, -c, "echo agent up; exec sleep 3600"]
+`
+
+// TestCluster: hack/cluster.sh brings up a one-node Kubernetes, and kubectl on the host drives
+// it as a user would. A VM pod selects cocoon-cri with runtimeClassName (no default handler),
+// while a hostNetwork pod and an ordinary one run on containerd through passthrough; exec (with
+// and without a terminal), logs (-f, and --previous after a guest crash), attach and
+// port-forward reach the guest through the API server and the kubelet; the node's summary shows
+// the VM's CPU and memory; deleting the pods leaves no sandbox, VM, namespace, veth or address
+// lease; and down removes the whole cluster.
+func TestCluster(t *testing.T) {
+	env, nodeFiles := upCluster(t)
+	k := kubectlUser{t: t, env: append(os.Environ(), "KUBECONFIG="+env["KUBECONFIG"])}
+
+	if handler := k.must("get", "runtimeclass", "cocoon", "-o", "jsonpath={.handler} {.overhead.podFixed.memory}"); handler != "cocoon 64Mi" {
+		t.Fatalf("the cocoon RuntimeClass: %q, want deploy/runtimeclass.yaml's", handler)
+	}
+	if _, err := k.run(strings.NewReader(clusterPods), "apply", "-f", "-"); err != nil {
+		t.Fatal(err)
+	}
+	k.must("wait", "--for=condition=Ready", "--timeout=180s", "pod/vm", "pod/proxy", "pod/agent")
+	k.must("wait", "--for=jsonpath={.status.phase}=Running", "--timeout=180s", "pod/shell")
+
+	// Each pod ran where its runtime class says: the VM pod in a cocoon VM, the others on
+	// containerd (cocoon-cri's ListPodSandbox shows the handler of each).
+	crictl := func(args ...string) string {
+		t.Helper()
+		cmd := exec.Command(bins.crictl, append([]string{"--runtime-endpoint", env["CONTAINER_RUNTIME_ENDPOINT"], "--timeout", "60s"}, args...)...)
+		cmd.Env = append(os.Environ(), "CRI_CONFIG_FILE="+os.DevNull)
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("crictl %v: %v", args, err)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	var sandboxes struct {
+		Items []struct {
+			Metadata       struct{ Name string } `json:"metadata"`
+			RuntimeHandler string                `json:"runtimeHandler"`
+		} `json:"items"`
+	}
+	if err := json.Unmarshal([]byte(crictl("pods", "-o", "json")), &sandboxes); err != nil {
+		t.Fatal(err)
+	}
+	handlers := map[string]string{}
+	for _, sb := range sandboxes.Items {
+		handlers[sb.Metadata.Name] = sb.RuntimeHandler
+	}
+	if want := map[string]string{"vm": "cocoon", "crash": "cocoon", "shell": "cocoon", "proxy": "", "agent": ""}; !maps.Equal(handlers, want) {
+		t.Errorf("the sandboxes' runtime handlers: %v, want %v", handlers, want)
+	}
+	if ip := k.must("get", "pod", "agent", "-o", "jsonpath={.status.podIP}"); !strings.HasPrefix(ip, "10.88.0.") {
+		t.Errorf("the ordinary pod's IP %q is not on the node's pod network", ip)
+	}
+
+	// exec, without and with a terminal (script gives kubectl one).
+	if out := k.must("exec", "vm", "--", "hostname"); strings.TrimSpace(out) != "vm" {
+		t.Errorf("kubectl exec vm -- hostname: %q", out)
+	}
+	for _, pod := range []string{"proxy", "agent"} {
+		if out := k.must("exec", pod, "--", "echo", "exec in "+pod); strings.TrimSpace(out) != "exec in "+pod {
+			t.Errorf("kubectl exec %s: %q", pod, out)
+		}
+	}
+	tty := exec.Command("script", "-qec", bins.kubectl+" exec -it vm -- sh -c 'test -t 0 && echo on a terminal: $((6*7))'", os.DevNull)
+	tty.Env = k.env
+	if out, err := tty.CombinedOutput(); err != nil || !strings.Contains(string(out), "on a terminal: 42") {
+		t.Errorf("kubectl exec -it: %v: %q", err, out)
+	}
+
+	// logs: the guest's console, followed.
+	follow := k.cmd(nil, "logs", "-f", "vm")
+	stdout, err := follow.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	proc, err := testproc.Start(follow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	banner := make(chan string, 1)
+	go func() {
+		scanner := bufio.NewScanner(stdout)
+		for scanner.Scan() {
+			if strings.Contains(scanner.Text(), "cocoon-sim guest") {
+				banner <- scanner.Text()
+				return
+			}
+		}
+		close(banner)
+	}()
+	select {
+	case _, ok := <-banner:
+		if !ok {
+			t.Error("kubectl logs -f vm ended without the guest's boot banner")
+		}
+		if proc.Exited(0) {
+			t.Error("kubectl logs -f vm did not keep following")
+		}
+	case <-time.After(time.Minute):
+		t.Error("kubectl logs -f vm: no boot banner within a minute")
+	}
+	proc.Kill()
+	for _, pod := range []string{"proxy", "agent"} {
+		if out := k.must("logs", pod); strings.TrimSpace(out) != pod+" up" {
+			t.Errorf("kubectl logs %s: %q", pod, out)
+		}
+	}
+
+	// logs --previous: the crashed guest's console, after the kubelet restarted the container.
+	k.eventually("the crashing VM restarted", func() error {
+		out, err := k.run(nil, "get", "pod", "crash", "-o", "jsonpath={.status.containerStatuses[0].restartCount} {.status.containerStatuses[0].lastState.terminated.reason}")
+		if err == nil && !strings.HasSuffix(out, " VMCrashed") {
+			err = fmt.Errorf("restart count and last reason: %q", out)
+		}
+		return err
+	})
+	if out := k.must("logs", "crash", "--previous"); !strings.Contains(out, "cocoon-sim guest") {
+		t.Errorf("kubectl logs --previous after the crash: %q, want the first guest's console", out)
+	}
+
+	// attach: the shell reads what kubectl sends, and ends with it (stdinOnce).
+	if out, err := k.run(strings.NewReader("echo attached $((6*7))\n"), "attach", "-i", "shell"); err != nil || !strings.Contains(out, "attached 42") {
+		t.Errorf("kubectl attach -i shell: %q, %v", out, err)
+	}
+
+	// port-forward: a port on the host's loopback reaches the guest's port 80.
+	forward := k.cmd(nil, "port-forward", "pod/vm", ":80")
+	fwdOut, err := forward.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fwd, err := testproc.Start(forward)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fwd.Kill)
+	local := regexp.MustCompile(`Forwarding from 127\.0\.0\.1:(\d+) -> 80`)
+	line, err := bufio.NewReader(fwdOut).ReadString('\n')
+	m := local.FindStringSubmatch(line)
+	if err != nil || m == nil {
+		t.Fatalf("kubectl port-forward printed %q, %v", line, err)
+	}
+	resp, err := (&http.Client{Timeout: time.Minute}).Get("http://127.0.0.1:" + m[1] + "/")
+	if err != nil {
+		t.Fatalf("GET through kubectl port-forward: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("GET through kubectl port-forward: %s", resp.Status)
+	}
+	fwd.Kill()
+
+	// The node's summary, through the API server's node proxy: the VM's CPU and memory.
+	k.eventually("the VM pod's CPU and memory in the node's summary", func() error {
+		var summary struct {
+			Pods []struct {
+				PodRef struct{ Name string } `json:"podRef"`
+				CPU    *struct {
+					UsageCoreNanoSeconds uint64 `json:"usageCoreNanoSeconds"`
+				} `json:"cpu"`
+				Memory *struct {
+					WorkingSetBytes uint64 `json:"workingSetBytes"`
+				} `json:"memory"`
+			} `json:"pods"`
+		}
+		out, err := k.run(nil, "get", "--raw", "/api/v1/nodes/"+kubeletNodeName+"/proxy/stats/summary")
+		if err != nil {
+			return err
+		}
+		if err := json.Unmarshal([]byte(out), &summary); err != nil {
+			return err
+		}
+		for _, p := range summary.Pods {
+			if p.PodRef.Name != "vm" {
+				continue
+			}
+			if p.CPU == nil || p.CPU.UsageCoreNanoSeconds == 0 || p.Memory == nil || p.Memory.WorkingSetBytes == 0 {
+				return fmt.Errorf("the VM pod's stats: %s", out)
+			}
+			return nil
+		}
+		return fmt.Errorf("no VM pod in the summary: %s", out)
+	})
+
+	// delete: nothing of the pods is left on the node.
+	k.must("delete", "pod", "--all", "--wait", "--timeout=180s")
+	k.eventually("nothing left of the pods", func() error {
+		var left []string
+		if pods := crictl("pods", "-q"); pods != "" {
+			left = append(left, "sandboxes "+pods)
+		}
+		vms, err := exec.Command(bins.cocoonSim, "--root-dir", nodeFiles["cocoon-root"], "--run-dir", nodeFiles["cocoon-run"],
+			"--log-dir", nodeFiles["cocoon-log"], "vm", "list", "-o", "json").Output()
+		if err != nil || strings.Contains(string(vms), `"id"`) {
+			left = append(left, fmt.Sprintf("VMs %s %v", vms, err))
+		}
+		if entries, _ := os.ReadDir(nodeFiles["netns"]); len(entries) > 0 {
+			left = append(left, fmt.Sprintf("pod network namespaces %v", entries))
+		}
+		if leases, _ := filepath.Glob(filepath.Join(nodeFiles["ipam"], "pods", "10.*")); len(leases) > 0 {
+			left = append(left, fmt.Sprintf("address leases %v", leases))
+		}
+		links, err := exec.Command("nsenter", "--net="+nodeFiles["node-netns"], "--", "ip", "-o", "link", "show", "type", "veth").Output()
+		if err != nil {
+			left = append(left, fmt.Sprintf("the node's links: %v", err))
+		}
+		for _, line := range strings.Split(strings.TrimSpace(string(links)), "\n") {
+			// The host link's end is the node's own.
+			if fields := strings.Fields(line); len(fields) > 1 && !strings.HasPrefix(fields[1], clusterNodeLink+"@") {
+				left = append(left, "veth "+fields[1])
+			}
+		}
+		if len(left) > 0 {
+			return fmt.Errorf("%s", strings.Join(left, "; "))
+		}
+		return nil
+	})
+}
