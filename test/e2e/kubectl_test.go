@@ -189,6 +189,16 @@ func (k kubectlUser) eventually(what string, fn func() error) {
 }
 
 const clusterPods = `apiVersion: v1
+kind: ConfigMap
+metadata: {name: app}
+data: {greeting: hello}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: app}
+stringData: {password: s3cret}
+---
+apiVersion: v1
 kind: Pod
 metadata: {name: vm}
 spec:
@@ -198,6 +208,17 @@ spec:
   - name: vm
     image: ` + clusterWebImage + `
     imagePullPolicy: Never
+    env:
+    - name: GREETING
+      valueFrom: {configMapKeyRef: {name: app, key: greeting}}
+    volumeMounts:
+    - {name: config, mountPath: /etc/app}
+    - {name: secret, mountPath: /etc/secret}
+  volumes:
+  - name: config
+    configMap: {name: app}
+  - name: secret
+    secret: {secretName: app}
 ---
 apiVersion: v1
 kind: Pod
@@ -253,7 +274,9 @@ spec:
 // it as a user would. A VM pod selects cocoon-cri with runtimeClassName (no default handler),
 // while a hostNetwork pod and an ordinary one run on containerd through passthrough; exec (with
 // and without a terminal), logs (-f, and --previous after a guest crash), attach and
-// port-forward reach the guest through the API server and the kubelet; the node's summary shows
+// port-forward reach the guest through the API server and the kubelet; env from a ConfigMap, a
+// ConfigMap and a Secret volume and the service-account token reach the guest, and so does an
+// edit of the ConfigMap; the node's summary shows
 // the VM's CPU and memory; deleting the pods leaves no sandbox, VM, namespace, veth or address
 // lease; and down removes the whole cluster.
 func TestCluster(t *testing.T) {
@@ -301,6 +324,18 @@ func TestCluster(t *testing.T) {
 		t.Errorf("the ordinary pod's IP %q is not on the node's pod network", ip)
 	}
 
+	// The pod spec reaches the guest: env from a ConfigMap, the ConfigMap and Secret volumes
+	// (read-only) and the service-account token, which the API server accepts.
+	const show = `echo "$GREETING"; cat /etc/app/greeting; echo; cat /etc/secret/password; echo; touch /etc/secret/x 2>/dev/null || echo read-only`
+	if out := k.must("exec", "vm", "--", "sh", "-c", show); out != "hello\nhello\ns3cret\nread-only\n" {
+		t.Errorf("env and volumes in the guest: %q, want the ConfigMap's greeting twice, the Secret's password and a read-only mount", out)
+	}
+	token := k.must("exec", "vm", "--", "cat", "/var/run/secrets/kubernetes.io/serviceaccount/token")
+	if who, err := k.run(nil, "auth", "whoami", "--token", token, "-o", "jsonpath={.status.userInfo.username}"); err != nil || who != "system:serviceaccount:default:default" {
+		t.Errorf("the guest's service-account token: %q, %v", who, err)
+	}
+	k.must("patch", "configmap", "app", "-p", `{"data": {"greeting": "edited"}}`)
+
 	// exec, without and with a terminal (script gives kubectl one).
 	if out := k.must("exec", "vm", "--", "hostname"); strings.TrimSpace(out) != "vm" {
 		t.Errorf("kubectl exec vm -- hostname: %q", out)
@@ -315,6 +350,16 @@ func TestCluster(t *testing.T) {
 	if out, err := tty.CombinedOutput(); err != nil || !strings.Contains(string(out), "on a terminal: 42") {
 		t.Errorf("kubectl exec -it: %v: %q", err, out)
 	}
+
+	// The kubelet rewrites the ConfigMap's volume on its next sync of the pod, cocoon-cri the
+	// guest's copy within seconds of that.
+	k.eventually("the edited ConfigMap in the guest", func() error {
+		out, err := k.run(nil, "exec", "vm", "--", "cat", "/etc/app/greeting")
+		if err == nil && out != "edited" {
+			err = fmt.Errorf("the guest's /etc/app/greeting: %q", out)
+		}
+		return err
+	})
 
 	// logs: the guest's console, followed.
 	follow := k.cmd(nil, "logs", "-f", "vm")

@@ -67,6 +67,8 @@ func (n *node) startKubeletWith(opts kubeletOptions) *kubelet {
 kind: KubeletConfiguration
 staticPodPath: %[1]s/manifests
 fileCheckFrequency: 1s
+# ConfigMap and Secret volumes are rewritten on the pod's periodic sync: 10 s, not a minute.
+syncFrequency: 10s
 containerRuntimeEndpoint: unix://%[2]s
 imageServiceEndpoint: unix://%[2]s
 cgroupDriver: cgroupfs
