@@ -52,8 +52,8 @@ type cluster struct {
 
 // startCluster brings the control plane up beside the node's cocoon-cri (already started) and
 // waits until the node is Ready, the cocoon RuntimeClass exists and the default namespace has its
-// service account.
-func (n *node) startCluster() *cluster {
+// service account. The kubelet makes its pods' cgroups under cgroupRoot (testCgroupParent).
+func (n *node) startCluster(cgroupRoot string) *cluster {
 	n.t.Helper()
 	c := &cluster{n: n, dir: filepath.Join(n.dir, "cluster")}
 	if err := os.MkdirAll(c.dir, 0o700); err != nil {
@@ -90,7 +90,7 @@ func (n *node) startCluster() *cluster {
 
 	c.kubelet = n.startKubeletWith(kubeletOptions{
 		kubeconfig: c.writeKubeconfig("kubelet", inNode, pki.ca, pki.tokens["kubelet"]),
-		nodeIP:     clusterNodeIP, labels: cocoonNodeLabel,
+		nodeIP:     clusterNodeIP, labels: cocoonNodeLabel, cgroupRoot: cgroupRoot,
 	})
 	root, err := repoRoot()
 	if err != nil {

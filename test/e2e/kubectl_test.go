@@ -43,9 +43,11 @@ func TestServeCluster(t *testing.T) {
 	if dir == "" {
 		t.Skip("hack/cluster.sh up runs this")
 	}
+	cgroupRoot := testCgroupParent(t) // removed after the node, registered before it
+	makeCgroup(t, cgroupRoot)
 	n, ctrd := newPassthroughNode(t, containerdtest.Options{})
 	n.start()
-	c := n.startCluster()
+	c := n.startCluster(cgroupRoot)
 	n.importImage(clusterWebImage, n.snapshotImage("web", testimage.SnapshotOptions{Guest: guest.Spec{Busybox: true, HTTPPort: 80}}))
 	n.importImage(clusterCrashImage, n.snapshotImage("crash", testimage.SnapshotOptions{Guest: guest.Spec{CrashAfter: guest.Duration(10 * time.Second)}}))
 
@@ -58,7 +60,7 @@ func TestServeCluster(t *testing.T) {
 	writeFileAtomic(t, filepath.Join(dir, "node"), []byte(strings.Join([]string{
 		"socket=" + n.socket, "log=" + n.logFile, "state=" + n.stateDir, "netns=" + n.netnsDir, "ipam=" + n.ipamDir,
 		"node-netns=" + n.nodeNS, "cocoon-root=" + n.rootDir, "cocoon-run=" + n.runDir, "cocoon-log=" + n.logDir,
-		"containerd=" + ctrd.Endpoint(), "control-plane=" + c.dir,
+		"containerd=" + ctrd.Endpoint(), "control-plane=" + c.dir, "cgroup-root=" + cgroupRoot,
 	}, "\n")+"\n"))
 	// Written last: hack/cluster.sh waits for it.
 	writeFileAtomic(t, filepath.Join(dir, "env"), fmt.Appendf(nil,
@@ -277,8 +279,9 @@ spec:
 // port-forward reach the guest through the API server and the kubelet; env from a ConfigMap, a
 // ConfigMap and a Secret volume and the service-account token reach the guest, and so does an
 // edit of the ConfigMap; the node's summary shows
-// the VM's CPU and memory; deleting the pods leaves no sandbox, VM, namespace, veth or address
-// lease; and down removes the whole cluster.
+// the VM's CPU and memory, and the kubelet's pod cgroup holds the VM's hypervisor; deleting the
+// pods leaves no sandbox, VM, namespace, veth, address lease or pod cgroup; and down removes the
+// whole cluster.
 func TestCluster(t *testing.T) {
 	env, nodeFiles := upCluster(t)
 	k := kubectlUser{t: t, env: append(os.Environ(), "KUBECONFIG="+env["KUBECONFIG"])}
@@ -476,6 +479,26 @@ func TestCluster(t *testing.T) {
 		return fmt.Errorf("no VM pod in the summary: %s", out)
 	})
 
+	// The kubelet's own pod cgroup (cgroupsPerQOS, under the cluster's cgroup root) holds the VM's
+	// hypervisor, and counts its memory.
+	uid := k.must("get", "pod", "vm", "-o", "jsonpath={.metadata.uid}")
+	podCgroup := nodeFiles["cgroup-root"] + "/kubepods/besteffort/pod" + uid
+	var inspect struct {
+		Info struct {
+			VM struct{ PID int } `json:"vm"`
+		} `json:"info"`
+	}
+	if err := json.Unmarshal([]byte(crictl("inspect", crictl("ps", "--name", "^vm$", "-q"))), &inspect); err != nil {
+		t.Fatal(err)
+	}
+	if got := procCgroups(t, inspect.Info.VM.PID)["memory"]; !strings.HasPrefix(got, podCgroup) {
+		t.Errorf("the VM's hypervisor (PID %d) is in memory cgroup %q, want the kubelet's pod cgroup %s", inspect.Info.VM.PID, got, podCgroup)
+	}
+	usage, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", podCgroup, "memory.usage_in_bytes"))
+	if err != nil || strings.TrimSpace(string(usage)) == "0" {
+		t.Errorf("the pod cgroup's memory usage: %q, %v", usage, err)
+	}
+
 	// delete: nothing of the pods is left on the node.
 	k.must("delete", "pod", "--all", "--wait", "--timeout=180s")
 	k.eventually("nothing left of the pods", func() error {
@@ -503,6 +526,9 @@ func TestCluster(t *testing.T) {
 			if fields := strings.Fields(line); len(fields) > 1 && !strings.HasPrefix(fields[1], clusterNodeLink+"@") {
 				left = append(left, "veth "+fields[1])
 			}
+		}
+		if dirs := cgroupDirs(podCgroup); len(dirs) > 0 {
+			left = append(left, fmt.Sprintf("the pod's cgroups %v", dirs))
 		}
 		if len(left) > 0 {
 			return fmt.Errorf("%s", strings.Join(left, "; "))

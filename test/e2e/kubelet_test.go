@@ -45,11 +45,14 @@ func (n *node) startKubelet() *kubelet {
 	return n.startKubeletWith(kubeletOptions{})
 }
 
-// kubeletOptions register the kubelet with an API server.
+// kubeletOptions register the kubelet with an API server, and give it pod cgroups.
 type kubeletOptions struct {
 	kubeconfig string
 	nodeIP     string
 	labels     string // --node-labels
+	// cgroupRoot turns cgroupsPerQOS on under this cgroup, which must exist in every hierarchy:
+	// the kubelet makes its kubepods tree there, each pod's cgroup in it.
+	cgroupRoot string
 }
 
 func (n *node) startKubeletWith(opts kubeletOptions) *kubelet {
@@ -63,6 +66,10 @@ func (n *node) startKubeletWith(opts kubeletOptions) *kubelet {
 			n.t.Fatal(err)
 		}
 	}
+	cgroups := "cgroupsPerQOS: false\nenforceNodeAllocatable: []"
+	if opts.cgroupRoot != "" {
+		cgroups = "cgroupsPerQOS: true\ncgroupRoot: " + opts.cgroupRoot + "\nenforceNodeAllocatable: [pods]"
+	}
 	config := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 staticPodPath: %[1]s/manifests
@@ -74,8 +81,7 @@ imageServiceEndpoint: unix://%[2]s
 cgroupDriver: cgroupfs
 failCgroupV1: false
 failSwapOn: false
-cgroupsPerQOS: false
-enforceNodeAllocatable: []
+%[3]s
 # Every address of the node's namespace: an API server reaches it at the node's.
 address: 0.0.0.0
 readOnlyPort: 0
@@ -86,7 +92,7 @@ authorization: {mode: AlwaysAllow}
 evictionHard: {memory.available: 100Mi, nodefs.available: "1%%", imagefs.available: "1%%"}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
-`, k.dir, n.socket)
+`, k.dir, n.socket, cgroups)
 	configFile := filepath.Join(k.dir, "config.yaml")
 	if err := os.WriteFile(configFile, []byte(config), 0o644); err != nil {
 		n.t.Fatal(err)

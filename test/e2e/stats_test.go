@@ -228,6 +228,39 @@ func testCgroupParent(t *testing.T) string {
 	return parent
 }
 
+// makeCgroup creates cgroup in every hierarchy under /sys/fs/cgroup (v1) or in the unified one,
+// with the cpusets of the root, which a new v1 cpuset lacks.
+func makeCgroup(t *testing.T, cgroup string) {
+	t.Helper()
+	entries, err := os.ReadDir("/sys/fs/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
+		entries = nil // v2: one hierarchy
+		if err := os.MkdirAll(filepath.Join("/sys/fs/cgroup", cgroup), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, e := range entries {
+		hierarchy := filepath.Join("/sys/fs/cgroup", e.Name())
+		if _, err := os.Stat(filepath.Join(hierarchy, "cgroup.procs")); err != nil {
+			continue // not a v1 hierarchy (or a link to one)
+		}
+		dir := filepath.Join(hierarchy, cgroup)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+			if data, err := os.ReadFile(filepath.Join(hierarchy, f)); err == nil {
+				if err := os.WriteFile(filepath.Join(dir, f), data, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+}
+
 // cgroupDirs lists where cgroup exists, in every hierarchy under /sys/fs/cgroup.
 func cgroupDirs(cgroup string) []string {
 	var found []string
