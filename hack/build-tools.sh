@@ -7,6 +7,7 @@
 # test/tools/kubelet, etcd from test/tools/etcd.
 # With arguments, only the tools named.
 # A stamp per binary records the version it was built from, so a repeat run is a no-op.
+# COCOON_CRI_TOOLS_CACHE: where built tools are kept across checkouts (~/.cache/cocoon-cri/tools).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin="$PWD/bin"
@@ -20,16 +21,28 @@ pinned() {
   echo "$v"
 }
 
+# Built tools are kept per build (name, version, Go, the module's go.sum and the flags) in a cache
+# outside the checkout, so a fresh clone links them instead of building them again.
+cache=${COCOON_CRI_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cocoon-cri/tools}
+mkdir -p "$cache"
+
 # build NAME VERSION MODULE_DIR PACKAGE GO_ARGS... runs `go GO_ARGS -trimpath -o bin/NAME PACKAGE`
-# in MODULE_DIR unless bin/NAME was already built from VERSION.
+# in MODULE_DIR unless bin/NAME was already built from VERSION, or the cache has that build.
 build() {
   local name=$1 version=$2 dir=$3 pkg=$4
   shift 4
   if [ -x "$bin/$name" ] && [ "$(cat "$bin/.$name.version" 2>/dev/null)" = "$version" ]; then
     return
   fi
-  echo "build-tools: building $name $version"
-  (cd "$dir" && go "$@" -trimpath -o "$bin/$name" "$pkg")
+  local key
+  key=$( (echo "$name $version $pkg $*"; go env GOVERSION; cat "$dir/go.sum") | sha256sum | cut -c1-16)
+  local cached="$cache/$name-$version-$key"
+  if [ ! -x "$cached" ]; then
+    echo "build-tools: building $name $version"
+    (cd "$dir" && go "$@" -trimpath -o "$cached.tmp" "$pkg")
+    mv -f "$cached.tmp" "$cached"
+  fi
+  ln -f "$cached" "$bin/$name" 2>/dev/null || cp -f "$cached" "$bin/$name"
   echo "$version" > "$bin/.$name.version"
 }
 
