@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/cocoonstack/cocoon-cri/test/hostguard"
 	"io"
 	"net"
 	"net/http"
@@ -19,8 +18,11 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim"
+	"github.com/cocoonstack/cocoon-cri/test/hostguard"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
 )
 
@@ -78,11 +80,20 @@ func newSim(t *testing.T) *sim {
 		t.Fatal(err)
 	}
 	s := &sim{t: t, root: filepath.Join(base, "root"), run: filepath.Join(base, "run"), log: filepath.Join(base, "log"), ci: filepath.Join(base, "cni")}
+	// The VMs' namespaces are pinned here, not in the host's /var/run/netns as cocoon's are.
+	netns := filepath.Join(base, "netns")
+	s.env = []string{cocoonsim.NetnsDirEnv + "=" + netns}
 	t.Cleanup(func() {
 		if err := cocoonsim.KillGuests(s.run); err != nil {
 			t.Errorf("kill guests: %v", err)
 		}
-		_ = os.RemoveAll(base)
+		pins, _ := os.ReadDir(netns)
+		for _, pin := range pins {
+			_ = unix.Unmount(filepath.Join(netns, pin.Name()), unix.MNT_DETACH)
+		}
+		if err := os.RemoveAll(base); err != nil {
+			t.Errorf("remove the installation: %v", err)
+		}
 	})
 	return s
 }

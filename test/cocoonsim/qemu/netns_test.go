@@ -4,7 +4,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -15,6 +14,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cocoonstack/cocoon-cri/tapmanager"
 )
 
 // A pod network as cocoon builds one for a VM, in namespaces of the test's own: the "node"
@@ -29,7 +30,7 @@ var (
 
 type podNetwork struct {
 	vmID   string // hex, like cocoon's VM IDs
-	vmNS   string // ip netns names
+	vmNS   string // namespace pins (paths), outside the host's /run/netns
 	nodeNS string
 	tap    string // tap<VMID[:8]>-0, cocoon's name
 	mac    string // the guest's, copied onto eth0 as cocoon does
@@ -47,27 +48,39 @@ func requireRoot(t *testing.T) {
 
 // newNamespaces creates the VM and node namespaces, removed when the test ends. Register it
 // before starting QEMU: cleanups run last-in first-out, so the VM is gone before its namespace.
+// They are pinned in a directory of the test's own, not in the host's /run/netns (which `ip netns
+// add` would create, and make a mount).
 func newNamespaces(t *testing.T) *podNetwork {
 	t.Helper()
 	id := hex.EncodeToString(randomBytes(16))
 	mac := randomBytes(6)
 	mac[0] = 0x02 // locally administered, unicast
+	dir := t.TempDir()
 	pod := &podNetwork{
 		vmID:   id,
-		vmNS:   fmt.Sprintf("realguest-%d-%s-vm", os.Getpid(), id[:8]),
-		nodeNS: fmt.Sprintf("realguest-%d-%s-node", os.Getpid(), id[:8]),
+		vmNS:   filepath.Join(dir, "vm"),
+		nodeNS: filepath.Join(dir, "node"),
 		tap:    "tap" + id[:8] + "-0",
 		mac:    net.HardwareAddr(mac).String(),
 	}
 	for _, ns := range []string{pod.vmNS, pod.nodeNS} {
-		run(t, "ip", "netns", "add", ns)
+		pins := &tapmanager.NetNS{}
+		if err := pins.CreateNetNS(ns); err != nil {
+			t.Fatal(err)
+		}
 		t.Cleanup(func() {
-			if out, err := exec.Command("ip", "netns", "delete", ns).CombinedOutput(); err != nil {
-				t.Errorf("delete netns %s: %v: %s", ns, err, out)
+			if err := pins.RemoveNetNS(ns); err != nil {
+				t.Errorf("remove netns %s: %v", ns, err)
 			}
 		})
 	}
 	return pod
+}
+
+// inNS runs a command in the namespace pinned at ns.
+func inNS(t *testing.T, ns, name string, args ...string) string {
+	t.Helper()
+	return run(t, "nsenter", append([]string{"--net=" + ns, "--", name}, args...)...)
 }
 
 // wire builds the veth and the TAP (made with the given ip tuntap flags) and redirects between
@@ -75,9 +88,9 @@ func newNamespaces(t *testing.T) *podNetwork {
 func (pod *podNetwork) wire(t *testing.T, tapFlags ...string) {
 	t.Helper()
 	hostVeth := "veth" + pod.vmID[:8]
-	vm, node := []string{"-n", pod.vmNS}, []string{"-n", pod.nodeNS}
-	ipIn := func(ns []string, args ...string) { run(t, "ip", append(ns, args...)...) }
-	tcIn := func(ns []string, args ...string) { run(t, "tc", append(ns, args...)...) }
+	vm, node := pod.vmNS, pod.nodeNS
+	ipIn := func(ns string, args ...string) { inNS(t, ns, "ip", args...) }
+	tcIn := func(ns string, args ...string) { inNS(t, ns, "tc", args...) }
 
 	ipIn(node, "link", "add", hostVeth, "type", "veth", "peer", "name", "eth0", "netns", pod.vmNS)
 	ipIn(node, "addr", "add", nodeAddr.String(), "dev", hostVeth)
@@ -103,7 +116,7 @@ func (pod *podNetwork) wire(t *testing.T, tapFlags ...string) {
 // neighbourMAC is the node's neighbour-table entry for addr.
 func (pod *podNetwork) neighbourMAC(t *testing.T, addr netip.Addr) string {
 	t.Helper()
-	out := run(t, "ip", "-n", pod.nodeNS, "-j", "neigh", "show", addr.String())
+	out := inNS(t, pod.nodeNS, "ip", "-j", "neigh", "show", addr.String())
 	var entries []struct {
 		LLAddr string `json:"lladdr"`
 	}
@@ -116,10 +129,10 @@ func (pod *podNetwork) neighbourMAC(t *testing.T, addr netip.Addr) string {
 	return entries[0].LLAddr
 }
 
-// inNetNS runs fn on a thread switched into the named namespace: processes it starts and sockets
+// inNetNS runs fn on a thread switched into the namespace pinned at ns: processes it starts and sockets
 // it opens belong there. A thread that cannot switch back stays locked, and so retires with
 // the test's goroutine rather than run other code in the wrong namespace.
-func inNetNS(t *testing.T, name string, fn func()) {
+func inNetNS(t *testing.T, ns string, fn func()) {
 	t.Helper()
 	runtime.LockOSThread()
 	orig, err := os.Open("/proc/thread-self/ns/net")
@@ -128,7 +141,7 @@ func inNetNS(t *testing.T, name string, fn func()) {
 		t.Fatal(err)
 	}
 	defer orig.Close()
-	target, err := os.Open(filepath.Join("/run/netns", name))
+	target, err := os.Open(ns)
 	if err != nil {
 		runtime.UnlockOSThread()
 		t.Fatal(err)
@@ -136,11 +149,11 @@ func inNetNS(t *testing.T, name string, fn func()) {
 	defer target.Close()
 	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
 		runtime.UnlockOSThread()
-		t.Fatalf("enter netns %s: %v", name, err)
+		t.Fatalf("enter netns %s: %v", ns, err)
 	}
 	defer func() {
 		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
-			t.Errorf("leave netns %s: %v", name, err)
+			t.Errorf("leave netns %s: %v", ns, err)
 			return
 		}
 		runtime.UnlockOSThread()

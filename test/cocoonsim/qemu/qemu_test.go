@@ -58,7 +58,7 @@ func TestGuestOnPodNetwork(t *testing.T) {
 	}
 
 	// busybox ping exits 0 once a reply came back within its deadline.
-	run(t, "ip", "netns", "exec", pod.nodeNS, realguest.Busybox, "ping", "-c", "3", "-w", strconv.Itoa(int(netDeadline.Seconds())), guestAddr.Addr().String())
+	inNS(t, pod.nodeNS, realguest.Busybox, "ping", "-c", "3", "-w", strconv.Itoa(int(netDeadline.Seconds())), guestAddr.Addr().String())
 
 	if got := readServiceLine(t, pod); got != want {
 		t.Errorf("guest service said %q, want %q", got, want)
