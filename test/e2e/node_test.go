@@ -89,7 +89,7 @@ func prepareNode(t *testing.T, env []string, extra ...string) *node {
 	}
 	t.Cleanup(n.cleanup)
 	n.makeNodeNamespace()
-	n.writeNetworkConfig()
+	n.writeNetworkConfig(nodeSubnet)
 	return n
 }
 
@@ -117,13 +117,14 @@ func (n *node) makeNodeNamespace() {
 }
 
 // writeNetworkConfig installs the cluster network: Debian's reference plugins, a bridge with
-// host-local addresses and host ports through portmap.
-func (n *node) writeNetworkConfig() {
+// host-local addresses of subnet (whose first address is nodeGateway) and host ports through
+// portmap.
+func (n *node) writeNetworkConfig(subnet string) {
 	n.t.Helper()
 	conf := fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "pods", "plugins": [
   {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false,
    "ipam": {"type": "host-local", "ranges": [[{"subnet": %q, "gateway": %q}]], "routes": [{"dst": "0.0.0.0/0"}], "dataDir": %q}},
-  {"type": "portmap", "capabilities": {"portMappings": true}}]}`, nodeSubnet, nodeGateway, n.ipamDir)
+  {"type": "portmap", "capabilities": {"portMappings": true}}]}`, subnet, nodeGateway, n.ipamDir)
 	if err := os.MkdirAll(n.cniConf, 0o755); err != nil {
 		n.t.Fatal(err)
 	}
