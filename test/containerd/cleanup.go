@@ -129,10 +129,11 @@ func (d *Daemon) shimPIDs() []int {
 	return pids
 }
 
-// removeShimSockets removes the sockets of killed shims, which cannot: each task's bundle
-// records its shim's address in bootstrap.json.
-func (d *Daemon) removeShimSockets() {
+// shimSockets are the sockets of this daemon's shims, in the host-wide directory every containerd
+// puts them in: each task's bundle records its shim's address in bootstrap.json.
+func (d *Daemon) shimSockets() []string {
 	files, _ := filepath.Glob(filepath.Join(d.opts.Dir, "state", "io.containerd.runtime.v2.task", "*", "*", "bootstrap.json"))
+	var sockets []string
 	for _, file := range files {
 		data, err := os.ReadFile(file)
 		if err != nil {
@@ -145,8 +146,16 @@ func (d *Daemon) removeShimSockets() {
 			continue
 		}
 		if socket := strings.TrimPrefix(bootstrap.Address, "unix://"); filepath.Dir(socket) == shimSocketDir {
-			_ = os.Remove(socket)
+			sockets = append(sockets, socket)
 		}
+	}
+	return sockets
+}
+
+// removeShimSockets removes the sockets of killed shims, which cannot.
+func (d *Daemon) removeShimSockets() {
+	for _, socket := range d.shimSockets() {
+		_ = os.Remove(socket)
 	}
 }
 

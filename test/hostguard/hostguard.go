@@ -30,10 +30,14 @@ func sysctlPaths() []string {
 
 // runtimeDirs are the host directories a kubelet makes whatever its flags say, and those a
 // containerd makes when its configuration does not move them (the tests' containerd keeps
-// everything under its own directory, its shims' sockets aside, which it removes).
+// everything under its own directory). Not /run/containerd itself, nor the k8s.io cgroup of pods
+// without a parent: every containerd puts its shims' sockets in /run/containerd/s and runc those
+// pods there, so the test daemons of packages that run at once make and remove them while another
+// package's guard looks; each daemon removes what it made (test/containerd checks it).
 var runtimeDirs = []string{
 	"/var/log/containers", "/var/log/pods", "/var/lib/kubelet",
-	"/run/containerd", "/var/lib/containerd", "/opt/containerd", "/run/netns", "/sys/fs/cgroup/memory/k8s.io",
+	"/run/containerd/containerd.sock", "/run/containerd/io.containerd.runtime.v2.task", "/run/containerd/runc",
+	"/var/lib/containerd", "/opt/containerd", "/run/netns",
 }
 
 // State is what the host looked like before the run.
