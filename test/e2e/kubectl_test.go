@@ -158,6 +158,23 @@ func (k kubectlUser) cmd(stdin io.Reader, args ...string) *exec.Cmd {
 	return cmd
 }
 
+// start runs a kubectl that keeps going (logs -f, port-forward), killed when the test ends at
+// the latest, and returns its output.
+func (k kubectlUser) start(args ...string) (*testproc.Process, io.Reader) {
+	k.t.Helper()
+	cmd := k.cmd(nil, args...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	proc, err := testproc.Start(cmd)
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	k.t.Cleanup(proc.Kill)
+	return proc, stdout
+}
+
 func (k kubectlUser) run(stdin io.Reader, args ...string) (string, error) {
 	var stderr strings.Builder
 	cmd := k.cmd(stdin, args...)
@@ -365,15 +382,7 @@ func TestCluster(t *testing.T) {
 	})
 
 	// logs: the guest's console, followed.
-	follow := k.cmd(nil, "logs", "-f", "vm")
-	stdout, err := follow.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	proc, err := testproc.Start(follow)
-	if err != nil {
-		t.Fatal(err)
-	}
+	proc, stdout := k.start("logs", "-f", "vm")
 	banner := make(chan string, 1)
 	go func() {
 		scanner := bufio.NewScanner(stdout)
@@ -421,16 +430,7 @@ func TestCluster(t *testing.T) {
 	}
 
 	// port-forward: a port on the host's loopback reaches the guest's port 80.
-	forward := k.cmd(nil, "port-forward", "pod/vm", ":80")
-	fwdOut, err := forward.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	fwd, err := testproc.Start(forward)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(fwd.Kill)
+	fwd, fwdOut := k.start("port-forward", "pod/vm", ":80")
 	local := regexp.MustCompile(`Forwarding from 127\.0\.0\.1:(\d+) -> 80`)
 	line, err := bufio.NewReader(fwdOut).ReadString('\n')
 	m := local.FindStringSubmatch(line)
