@@ -21,6 +21,7 @@ import (
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/pkg/metrics"
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
+	"github.com/cocoonstack/cocoon-cri/pkg/vfio"
 	"github.com/cocoonstack/cocoon-cri/tapmanager"
 )
 
@@ -117,6 +118,7 @@ func runDaemon(parent context.Context, o *options) error {
 		MaxStorage:          maxStorage.Value(),
 		VolumeMaxBytes:      volumeMaxBytes.Value(),
 		AllowedNetworks:     o.allowedNetworks,
+		Sysfs:               vfio.Sysfs(o.sysfsDir),
 	}, log, st, cc, nets, images)
 	defer vms.Shutdown()
 

@@ -33,6 +33,7 @@ type options struct {
 	cocoonLogDir        string
 	cocoonTimeout       time.Duration
 	netnsDir            string
+	sysfsDir            string
 	cniConfDir          string
 	cniBinDirs          []string
 	serveDefaultHandler bool
@@ -66,6 +67,7 @@ func defaultOptions() *options {
 		volumeMaxBytes:    "64Mi",
 		cocoonTimeout:     2 * time.Minute,
 		netnsDir:          "/var/run/netns",
+		sysfsDir:          "/sys",
 		cniConfDir:        "/etc/cni/net.d",
 		cniBinDirs:        []string{"/opt/cni/bin"},
 		logLevel:          "info",
@@ -97,6 +99,7 @@ func (o *options) addFlags(cmd *cobra.Command) {
 	d.StringVar(&o.cocoonLogDir, "cocoon-log-dir", o.cocoonLogDir, "cocoon --log-dir (empty: cocoon's default)")
 	d.DurationVar(&o.cocoonTimeout, "cocoon-timeout", o.cocoonTimeout, "longest a cocoon command may run (imports have none: they end with the request)")
 	d.StringVar(&o.netnsDir, "netns-dir", o.netnsDir, "directory of the pod network namespaces")
+	d.StringVar(&o.sysfsDir, "sysfs-dir", o.sysfsDir, "the node's sysfs, where the PCI devices of a container's VFIO groups are found")
 	d.StringVar(&o.cniConfDir, "cni-conf-dir", o.cniConfDir, "the cluster's CNI configuration; pods join the first network by file name")
 	d.StringSliceVar(&o.cniBinDirs, "cni-bin-dir", o.cniBinDirs, "directories of the cluster's CNI plugins (repeat or separate with commas)")
 	d.BoolVar(&o.serveDefaultHandler, "serve-default-handler", o.serveDefaultHandler,

@@ -182,8 +182,8 @@ func validateContainerConfig(cfg *runtimeapi.ContainerConfig) error {
 		return err
 	}
 	if cdi := cfg.GetCDIDevices(); len(cdi) > 0 {
-		return invalid("CDI device %s cannot be given to a VM: cocoon-cri passes no PCI device into guests yet (only block devices, "+
-			"as disks); run this container with another runtime class", cdi[0].GetName())
+		return invalid("CDI device %s cannot be given to a VM: cocoon-cri does not read CDI specs; give the container the device's "+
+			"VFIO group (/dev/vfio/<group>, as VFIO device plugins do) or its block device, or run it with another runtime class", cdi[0].GetName())
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package vmruntime
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io/fs"
@@ -14,14 +15,39 @@ import (
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
 	"github.com/cocoonstack/cocoon-cri/pkg/syncio"
+	"github.com/cocoonstack/cocoon-cri/pkg/vfio"
 	"github.com/cocoonstack/cocoon-cri/streaming"
 )
 
-// A host device node means nothing in a guest, which has its own kernel. A block device (a block
-// PersistentVolume's, which the kubelet hands over as a CRI device) or a raw disk file is given to
-// the VM as a disk instead: cocoon's `vm disk attach` hot-adds it to the running VM with the
-// serial blk<n>, and the guest's /dev/disk/by-id/virtio-blk<n> is linked at the container path.
-// docs/design.md, Block devices.
+// A host device node means nothing in a guest, which has its own kernel, so each CRI device is
+// given to the VM as what it is underneath:
+//   - a block device (a block PersistentVolume's, which the kubelet hands over as a CRI device) or
+//     a raw disk file becomes a disk: cocoon's `vm disk attach` hot-adds it to the running VM with
+//     the serial blk<n>, and the guest's /dev/disk/by-id/virtio-blk<n> is linked at the container
+//     path;
+//   - a VFIO group (/dev/vfio/<group>, how device plugins hand out GPUs and NIC functions) becomes
+//     its PCI devices, each hot-added with `vm device attach`: the guest's own driver takes them
+//     and makes its own device nodes;
+//   - /dev/vfio/vfio, which a process needs beside its groups, needs nothing: the hypervisor
+//     opens its own.
+//
+// docs/design.md, Devices.
+
+// deviceKind is what a container's device becomes in its VM.
+type deviceKind int
+
+const (
+	deviceDisk deviceKind = iota
+	devicePCI
+	deviceNone // /dev/vfio/vfio
+)
+
+// vmDevice is one CRI device, resolved against the node.
+type vmDevice struct {
+	kind  deviceKind
+	group string   // the VFIO group of a devicePCI
+	pci   []string // its PCI addresses
+}
 
 // validateDevices refuses what no attach can honour, before anything is made.
 func validateDevices(devs []*runtimeapi.Device) error {
@@ -43,35 +69,98 @@ func validateDevices(devs []*runtimeapi.Device) error {
 	return nil
 }
 
-// checkDevicesCanAttach refuses devices this VM cannot take: anything but a block device or a
-// regular file, a cocoon without vm disk attach, a Firecracker VM.
+// hostDeviceKind says what the device at hostPath becomes in a VM, and its VFIO group if it is
+// one, from its type and name. Its errors are the user's: they say what to change.
+func hostDeviceKind(hostPath string) (deviceKind, string, error) {
+	info, err := os.Stat(hostPath)
+	if err != nil {
+		return 0, "", err
+	}
+	mode := info.Mode()
+	if mode.IsRegular() || mode&fs.ModeDevice != 0 && mode&fs.ModeCharDevice == 0 {
+		return deviceDisk, "", nil
+	}
+	node, group := vfio.Classify(hostPath, mode)
+	switch node {
+	case vfio.Group:
+		return devicePCI, group, nil
+	case vfio.Container:
+		return deviceNone, "", nil
+	case vfio.NoIOMMUGroup:
+		return 0, "", fmt.Errorf("%s is a no-IOMMU VFIO group: a hypervisor passes through only devices behind an IOMMU; "+
+			"turn the IOMMU on (intel_iommu=on or amd_iommu=on) and bind the device to %s again", hostPath, vfio.Driver)
+	}
+	return 0, "", fmt.Errorf("%s is neither a block device, a disk file nor a VFIO group: a VM takes block devices as disks "+
+		"and PCI devices through VFIO; other character devices (/dev/fuse, /dev/nvidia0) belong to the host's kernel, "+
+		"so run this container with another runtime class or give the VM the device's VFIO group", hostPath)
+}
+
+// resolveDevice is hostDeviceKind with the PCI devices of a VFIO group, read from the node's
+// sysfs: each must be bound to vfio-pci.
+func (s *Server) resolveDevice(hostPath string) (vmDevice, error) {
+	kind, group, err := hostDeviceKind(hostPath)
+	if err != nil || kind != devicePCI {
+		return vmDevice{kind: kind}, err
+	}
+	pcis, err := s.cfg.Sysfs.GroupDevices(group)
+	if err != nil {
+		return vmDevice{}, fmt.Errorf("%s: %w", hostPath, err)
+	}
+	dev := vmDevice{kind: devicePCI, group: group}
+	for _, p := range pcis {
+		if p.Driver != vfio.Driver {
+			return vmDevice{}, fmt.Errorf("PCI device %s of IOMMU group %s (%s) is bound to %q, not %s: every device of a group "+
+				"goes to the VM, so bind each to %s first (driverctl set-override %s %s)",
+				p.BDF, group, hostPath, p.Driver, vfio.Driver, vfio.Driver, p.BDF, vfio.Driver)
+		}
+		dev.pci = append(dev.pci, p.BDF)
+	}
+	return dev, nil
+}
+
+// checkDevicesCanAttach refuses devices this VM cannot take: what is neither a disk nor a VFIO
+// group, a PCI device not bound to vfio-pci, a cocoon without the attach a device needs, a
+// Firecracker VM.
 func (s *Server) checkDevicesCanAttach(ctx context.Context, devs []*runtimeapi.Device, backend string) error {
 	if len(devs) == 0 {
 		return nil
 	}
+	var disk, pci string // the first device of each kind, for the messages
+	groups := map[string]string{}
 	for _, d := range devs {
-		info, err := os.Stat(d.GetHostPath())
+		dev, err := s.resolveDevice(d.GetHostPath())
 		if err != nil {
 			return invalid("devices: %s: %v", d.GetContainerPath(), err)
 		}
-		if info.Mode().IsRegular() || info.Mode()&fs.ModeDevice != 0 && info.Mode()&fs.ModeCharDevice == 0 {
-			continue
+		switch {
+		case dev.kind == deviceDisk && disk == "":
+			disk = d.GetHostPath()
+		case dev.kind == devicePCI && groups[dev.group] != "":
+			return invalid("devices: %s and %s are the same IOMMU group %s: a group goes to a VM once", groups[dev.group], d.GetHostPath(), dev.group)
+		case dev.kind == devicePCI:
+			groups[dev.group] = d.GetHostPath()
+			if pci == "" {
+				pci = d.GetHostPath()
+			}
 		}
-		return invalid("devices: %s is not a block device or a disk file: a VM takes block devices as disks "+
-			"(block volumes); character devices and PCI devices (GPUs, VFIO) are not passed into guests yet; "+
-			"run this container with another runtime class", d.GetHostPath())
+	}
+	if disk == "" && pci == "" {
+		return nil
 	}
 	caps, err := s.cocoon.Capabilities(ctx)
 	if err != nil {
-		return fmt.Errorf("learn whether this cocoon has vm disk attach: %w", err)
+		return fmt.Errorf("learn whether this cocoon can attach devices: %w", err)
 	}
 	switch {
-	case !caps.DiskAttach:
+	case disk != "" && !caps.DiskAttach:
 		return invalid("devices: %s cannot be given to the VM: this cocoon (%s) has no vm disk attach; upgrade cocoon to v0.5, "+
-			"or run this container with another runtime class", devs[0].GetHostPath(), caps.Version)
+			"or run this container with another runtime class", disk, caps.Version)
+	case pci != "" && !caps.DeviceAttach:
+		return invalid("devices: %s cannot be given to the VM: this cocoon (%s) has no vm device attach; upgrade cocoon to v0.5, "+
+			"or run this container with another runtime class", pci, caps.Version)
 	case backend == cocoon.HypervisorFirecracker:
-		return invalid("devices: %s cannot be given to a Firecracker VM: cocoon hot-attaches disks to cloud-hypervisor VMs; "+
-			"drop the vm.cocoonstack.io/backend annotation or use a cloud-hypervisor snapshot", devs[0].GetHostPath())
+		return invalid("devices: %s cannot be given to a Firecracker VM: cocoon hot-attaches disks and PCI devices to cloud-hypervisor VMs; "+
+			"drop the vm.cocoonstack.io/backend annotation or use a cloud-hypervisor snapshot", cmp.Or(disk, pci))
 	}
 	return nil
 }
@@ -79,12 +168,30 @@ func (s *Server) checkDevicesCanAttach(ctx context.Context, devs []*runtimeapi.D
 // deviceSerial is the disk name and guest serial of the container's i-th device.
 func deviceSerial(i int) string { return fmt.Sprintf("blk%d", i) }
 
-// attachDevices hot-adds the container's block devices to its running VM.
+// pciDeviceID is the VM's device ID for a passed-through PCI device: CH's IDs take no colons.
+func pciDeviceID(bdf string) string { return "vfio-" + strings.ReplaceAll(bdf, ":", "-") }
+
+// attachDevices hot-adds the container's block devices and the PCI devices of its VFIO groups to
+// its running VM. They go with the VM: a stop ends the hypervisor, which lets go of them.
 func (s *Server) attachDevices(ctx context.Context, sb *store.Sandbox, c *store.Container, vmID string) error {
+	cc := s.cocoonFor(sb)
 	for i, d := range c.Config.Msg.GetDevices() {
-		readonly := !strings.Contains(d.GetPermissions(), "w")
-		if err := s.cocoonFor(sb).VMDiskAttach(ctx, vmID, d.GetHostPath(), deviceSerial(i), readonly); err != nil {
+		dev, err := s.resolveDevice(d.GetHostPath())
+		if err != nil {
 			return fmt.Errorf("attach device %s: %w", d.GetHostPath(), err)
+		}
+		switch dev.kind {
+		case deviceDisk:
+			readonly := !strings.Contains(d.GetPermissions(), "w")
+			if err := cc.VMDiskAttach(ctx, vmID, d.GetHostPath(), deviceSerial(i), readonly); err != nil {
+				return fmt.Errorf("attach device %s: %w", d.GetHostPath(), err)
+			}
+		case devicePCI:
+			for _, bdf := range dev.pci {
+				if err := cc.VMDeviceAttach(ctx, vmID, bdf, pciDeviceID(bdf)); err != nil {
+					return fmt.Errorf("attach PCI device %s of %s: %w", bdf, d.GetHostPath(), err)
+				}
+			}
 		}
 	}
 	return nil
@@ -94,15 +201,14 @@ func (s *Server) attachDevices(ctx context.Context, sb *store.Sandbox, c *store.
 const guestDeviceWait = 100
 
 // linkDevices links each attached disk at its container path in the guest, once udev has named
-// it (a minimal image may need a nudge: udevadm trigger).
+// it (a minimal image may need a nudge: udevadm trigger). PCI devices need no link: the guest's
+// driver makes its own nodes.
 func (s *Server) linkDevices(ctx context.Context, sb *store.Sandbox, c *store.Container) error {
-	devs := c.Config.Msg.GetDevices()
-	if len(devs) == 0 {
-		return nil
-	}
 	var b strings.Builder
-	b.WriteString("set -e\n")
-	for i, d := range devs {
+	for i, d := range c.Config.Msg.GetDevices() {
+		if kind, _, err := hostDeviceKind(d.GetHostPath()); err == nil && kind != deviceDisk {
+			continue
+		}
 		link := "/dev/disk/by-id/virtio-" + deviceSerial(i)
 		target := path.Clean(d.GetContainerPath())
 		fmt.Fprintf(&b, "i=0; while [ ! -e %[1]s ]; do [ $i -lt %[2]d ] || { echo \"no %[1]s in the guest\" >&2; exit 1; }; "+
@@ -111,8 +217,11 @@ func (s *Server) linkDevices(ctx context.Context, sb *store.Sandbox, c *store.Co
 		fmt.Fprintf(&b, "mkdir -p %s\nln -sfn %s %s\n", streaming.ShellQuote([]string{path.Dir(target)}), link,
 			streaming.ShellQuote([]string{target}))
 	}
+	if b.Len() == 0 {
+		return nil
+	}
 	out := &syncio.Tail{Max: guestOutputTail}
-	code, err := s.guestExec(ctx, sb, c, systemCommand("/bin/sh", "-c", b.String()), streaming.ExecIO{Stdout: out, Stderr: out})
+	code, err := s.guestExec(ctx, sb, c, systemCommand("/bin/sh", "-c", "set -e\n"+b.String()), streaming.ExecIO{Stdout: out, Stderr: out})
 	switch {
 	case err != nil:
 		return fmt.Errorf("devices did not reach the guest: %w", err)

@@ -23,6 +23,7 @@ import (
 	"github.com/cocoonstack/cocoon-cri/pkg/keylock"
 	"github.com/cocoonstack/cocoon-cri/pkg/refresh"
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
+	"github.com/cocoonstack/cocoon-cri/pkg/vfio"
 	"github.com/cocoonstack/cocoon-cri/pkg/vmstats"
 	"github.com/cocoonstack/cocoon-cri/streaming"
 	"github.com/cocoonstack/cocoon-cri/tapmanager"
@@ -79,6 +80,9 @@ type Config struct {
 	MaxStorage int64
 	// AllowedNetworks are the CNI networks pods may pick by name besides the default one.
 	AllowedNetworks []string
+	// Sysfs is where the node's sysfs is read, to find the PCI devices of a VFIO group; empty is
+	// /sys.
+	Sysfs vfio.Sysfs
 }
 
 // Observer is told what the runtime finds outside any RPC: VMs with cocoon-cri's names that no
@@ -156,6 +160,9 @@ func New(cfg Config, log *slog.Logger, st *store.Store, cc *cocoon.Client, nets 
 	}
 	if cfg.VolumeMaxBytes <= 0 {
 		cfg.VolumeMaxBytes = 64 << 20
+	}
+	if cfg.Sysfs == "" {
+		cfg.Sysfs = "/sys"
 	}
 	if cfg.VolumeSyncInterval <= 0 {
 		cfg.VolumeSyncInterval = 2 * time.Second

@@ -29,6 +29,8 @@ type Capabilities struct {
 	ReseedMachineID bool
 	// DiskAttach: vm disk attach hot-adds a raw file or block device to a running VM (v0.5).
 	DiskAttach bool
+	// DeviceAttach: vm device attach hot-adds a PCI device bound to vfio-pci to a running VM (v0.5).
+	DeviceAttach bool
 }
 
 // Capabilities probes the binary once and caches the answer, shared by every client of that
@@ -131,6 +133,11 @@ func probe(ctx context.Context, c *Client) (Capabilities, error) {
 		return Capabilities{}, err
 	}
 	caps.DiskAttach = strings.Contains(disk, "cocoon vm disk attach") && hasFlag(disk, "path") && hasFlag(disk, "name")
+	device, err := help("vm", "device", "attach")
+	if err != nil {
+		return Capabilities{}, err
+	}
+	caps.DeviceAttach = strings.Contains(device, "cocoon vm device attach") && hasFlag(device, "pci") && hasFlag(device, "id")
 	return caps, nil
 }
 

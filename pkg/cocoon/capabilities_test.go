@@ -34,6 +34,8 @@ const (
 	diskAttachHelp = "Hot-attach a raw disk file to a running VM\n\nUsage:\n  cocoon vm disk attach VM [flags]\n\nFlags:\n" +
 		"      --directio string   O_DIRECT for the disk (default \"auto\")\n      --name string       disk name\n" +
 		"  -o, --output string     output format\n      --path string       absolute path to an existing raw disk file\n      --readonly          attach read-only\n"
+	deviceAttachHelp = "Attach a VFIO PCI device to a running VM\n\nUsage:\n  cocoon vm device attach VM [flags]\n\nFlags:\n" +
+		"      --id string       optional device id\n  -o, --output string   output format\n      --pci string      BDF (01:00.0 / 0000:01:00.0) or sysfs path\n"
 	reseedHelp = "Force a CRNG reseed inside the guest\n\nUsage:\n  cocoon vm reseed VM [flags]\n\nFlags:\n  -h, --help         help for reseed\n      --machine-id   also regenerate /etc/machine-id\n"
 )
 
@@ -50,6 +52,7 @@ func v038Probe() []response {
 		{match: "vm exec --help", stdout: vmHelp},
 		{match: "vm reseed --help", stdout: vmHelp},
 		{match: "vm disk attach --help", stdout: vmHelp},
+		{match: "vm device attach --help", stdout: vmHelp},
 	}
 }
 
@@ -60,6 +63,7 @@ func v05Probe() []response {
 		{match: "vm exec --help", stdout: execHelp},
 		{match: "vm reseed --help", stdout: reseedHelp},
 		{match: "vm disk attach --help", stdout: diskAttachHelp},
+		{match: "vm device attach --help", stdout: deviceAttachHelp},
 	}
 }
 
@@ -71,14 +75,14 @@ func TestCapabilitiesReadTheBinarysHelp(t *testing.T) {
 		t.Fatalf("v0.3.8: %+v %v, want %+v", caps, err, want)
 	}
 	current, dir := fakeCocoon(t, v05Probe()...)
-	want = Capabilities{Version: "v0.5.1", Exec: true, CloneRestoreMode: true, ReseedMachineID: true, DiskAttach: true}
+	want = Capabilities{Version: "v0.5.1", Exec: true, CloneRestoreMode: true, ReseedMachineID: true, DiskAttach: true, DeviceAttach: true}
 	for range 3 {
 		if caps, err = current.Capabilities(context.Background()); err != nil || caps != want {
 			t.Fatalf("v0.5: %+v %v, want %+v", caps, err, want)
 		}
 	}
-	if n := len(calls(t, dir)); n != 5 {
-		t.Fatalf("%d calls for three probes, want one probe of five calls per binary", n)
+	if n := len(calls(t, dir)); n != 6 {
+		t.Fatalf("%d calls for three probes, want one probe of six calls per binary", n)
 	}
 }
 

@@ -181,6 +181,13 @@ func (c *Client) VMDiskAttach(ctx context.Context, id, path, name string, readon
 	return err
 }
 
+// VMDeviceAttach hot-adds the PCI device at bdf, bound to vfio-pci on the host, to a running
+// cloud-hypervisor VM as device id. It stays until the VM stops.
+func (c *Client) VMDeviceAttach(ctx context.Context, vm, bdf, id string) error {
+	_, err := c.run(ctx, call{args: []string{"vm", "device", "attach", "--pci", bdf, "--id", id, vm}})
+	return err
+}
+
 // VMInspect returns one VM with its state reconciled against the hypervisor process ("stopped
 // (stale)" when the record says running but the process is gone).
 func (c *Client) VMInspect(ctx context.Context, ref string) (*VM, error) {

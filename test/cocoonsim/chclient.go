@@ -1,6 +1,8 @@
 package cocoonsim
 
 import (
+	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
+
 	"bytes"
 	"context"
 	"encoding/json"
@@ -155,6 +157,26 @@ func (c *chClient) addDisk(ctx context.Context, disk any) error {
 
 func (c *chClient) addNet(ctx context.Context, n any) error {
 	return c.action(ctx, "vm.add-net", n, http.StatusOK, http.StatusNoContent)
+}
+
+// addDevice passes a PCI device through and returns the ID cloud-hypervisor gave it. It is sent
+// once, as cocoon does: a retry after a lost answer would find the ID taken.
+func (c *chClient) addDevice(ctx context.Context, dev guest.Device) (string, error) {
+	payload, err := json.Marshal(dev)
+	if err != nil {
+		return "", fmt.Errorf("marshal vm.add-device request: %w", err)
+	}
+	body, err := c.do(ctx, http.MethodPut, "vm.add-device", payload, http.StatusOK)
+	if err != nil {
+		return "", err
+	}
+	var info struct {
+		ID string `json:"id"`
+	}
+	if err := json.Unmarshal(body, &info); err != nil {
+		return "", fmt.Errorf("decode vm.add-device answer: %w", err)
+	}
+	return info.ID, nil
 }
 
 func (c *chClient) removeDevice(ctx context.Context, id string) error {

@@ -67,3 +67,7 @@ const VersionEnv = release.Env
 // NoReapEnv, set to any value, plays a host whose init does not reap orphans: a hypervisor that
 // exits stays a zombie until its VM is stopped or removed.
 const NoReapEnv = guest.NoReapEnv
+
+// SysfsEnv names a directory read as the host's /sys by vm device attach (test/fakesysfs lays
+// one out).
+const SysfsEnv = guest.SysfsEnv

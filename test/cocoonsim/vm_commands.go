@@ -69,7 +69,7 @@ func (a *app) vmCommand() *cobra.Command {
 	vmCmd.AddCommand(createCmd, runCmd, cloneCmd, startCmd, stopCmd, listCmd, inspectCmd, consoleCmd, rmCmd, restoreCmd, debugCmd, statusCmd)
 	// v0.3.8 has no agent or attach commands: cobra knows no such command there.
 	if a.profile.Agent {
-		vmCmd.AddCommand(a.execCommand(), a.reseedCommand(), a.diskCommand())
+		vmCmd.AddCommand(a.execCommand(), a.reseedCommand(), a.diskCommand(), a.deviceCommand())
 	}
 	return vmCmd
 }

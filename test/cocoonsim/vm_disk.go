@@ -45,9 +45,10 @@ func (a *app) diskCommand() *cobra.Command {
 	return diskCmd
 }
 
-// attachedDevices is inspect's attached_devices: the simulator attaches disks only.
+// attachedDevices is inspect's attached_devices.
 type attachedDevices struct {
-	Disks []attachedDisk `json:"disks,omitempty"`
+	Disks   []attachedDisk      `json:"disks,omitempty"`
+	Devices []attachedPCIDevice `json:"devices,omitempty"`
 }
 
 // attachedDisk is a hot-attached disk as `vm inspect` lists it under attached_devices.disks.
@@ -194,11 +195,8 @@ func (a *app) diskResult(cmd *cobra.Command, result map[string]string, format st
 
 // attachedDisks are the running VM's hot-attached disks, as inspect shows them.
 func attachedDisks(ctx context.Context, vm *cocoon.VM) []attachedDisk {
-	if vm.State != cocoon.VMStateRunning || vm.SocketPath == "" || vm.Hypervisor == cocoon.HypervisorFirecracker {
-		return nil
-	}
-	info, err := newCHClient(vm.SocketPath).info(ctx)
-	if err != nil {
+	info := runningCHInfo(ctx, vm)
+	if info == nil {
 		return nil
 	}
 	var disks []attachedDisk
@@ -208,6 +206,18 @@ func attachedDisks(ctx context.Context, vm *cocoon.VM) []attachedDisk {
 		}
 	}
 	return disks
+}
+
+// runningCHInfo is vm.info of a running cloud-hypervisor VM, nil for any other.
+func runningCHInfo(ctx context.Context, vm *cocoon.VM) *chInfo {
+	if vm.State != cocoon.VMStateRunning || vm.SocketPath == "" || vm.Hypervisor == cocoon.HypervisorFirecracker {
+		return nil
+	}
+	info, err := newCHClient(vm.SocketPath).info(ctx)
+	if err != nil {
+		return nil
+	}
+	return info
 }
 
 // chInfo is the part of cloud-hypervisor's vm.info read here.

@@ -71,8 +71,9 @@ func (a *app) vmInspect(cmd *cobra.Command, args []string) error {
 		*cocoon.VM
 		AttachedDevices *attachedDevices `json:"attached_devices,omitempty"`
 	}{VM: vm}
-	if disks := attachedDisks(cmd.Context(), vm); len(disks) > 0 {
-		out.AttachedDevices = &attachedDevices{Disks: disks}
+	attached := attachedDevices{Disks: attachedDisks(cmd.Context(), vm), Devices: attachedPCIDevices(cmd.Context(), vm)}
+	if len(attached.Disks)+len(attached.Devices) > 0 {
+		out.AttachedDevices = &attached
 	}
 	return outputJSON(cmd.OutOrStdout(), out)
 }

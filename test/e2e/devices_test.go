@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"bytes"
+	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -9,7 +11,9 @@ import (
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/cocoonstack/cocoon-cri/test/cocoonsim"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
+	"github.com/cocoonstack/cocoon-cri/test/fakesysfs"
 )
 
 // TestBlockDevicesReachTheGuest: a container's block devices (a block volume's device, or a raw
@@ -65,4 +69,111 @@ func TestBlockDevicesReachTheGuest(t *testing.T) {
 	if !strings.Contains(msg, "no vm disk attach") || !strings.Contains(msg, disk) {
 		t.Fatalf("a device on cocoon v0.3.8: %s", msg)
 	}
+}
+
+// TestVFIOGroupsReachTheVM: a container's VFIO group (/dev/vfio/<group>, as a device plugin hands
+// out a GPU) becomes the group's PCI devices, passed through to its VM with cocoon's vm device
+// attach; /dev/vfio/vfio needs nothing. The devices go with the container's VM: while one pod
+// holds the group another cannot start with it, and once that container stops it can. A group
+// whose devices are not all on vfio-pci, one sysfs does not know, and a VM or a cocoon that cannot
+// take PCI devices are refused at create.
+func TestVFIOGroupsReachTheVM(t *testing.T) {
+	sys, dev := t.TempDir(), t.TempDir()
+	fakesysfs.AddPCIDevice(t, sys, "7", "0000:01:00.0", "vfio-pci")
+	fakesysfs.AddPCIDevice(t, sys, "7", "0000:01:00.1", "vfio-pci")
+	fakesysfs.AddPCIDevice(t, sys, "8", "0000:02:00.0", "vfio-pci")
+	fakesysfs.AddPCIDevice(t, sys, "8", "0000:02:00.1", "snd_hda_intel")
+	group7, group8, group9 := fakesysfs.GroupNode(t, dev, "7"), fakesysfs.GroupNode(t, dev, "8"), fakesysfs.GroupNode(t, dev, "9")
+	container, noIOMMU := fakesysfs.GroupNode(t, dev, "vfio"), fakesysfs.GroupNode(t, dev, "noiommu-3")
+	gpu := func(cfg *runtimeapi.ContainerConfig) {
+		cfg.Command = []string{"sleep", "600"}
+		cfg.Devices = []*runtimeapi.Device{
+			{ContainerPath: "/dev/vfio/vfio", HostPath: container, Permissions: "rw"},
+			{ContainerPath: "/dev/vfio/7", HostPath: group7, Permissions: "rw"},
+		}
+	}
+
+	n := newNodeWithEnv(t, []string{cocoonsim.SysfsEnv + "=" + sys}, "--sysfs-dir", sys)
+	n.withSnapshot()
+	podA, ctrA, _ := n.runningPodWith("gpu-a", snapRef, gpu)
+	if got := n.passedThrough(ctrA); got != "vfio-0000-01-00.0=0000:01:00.0 vfio-0000-01-00.1=0000:01:00.1" {
+		t.Fatalf("the VM's passed-through devices: %q", got)
+	}
+
+	// The group is the first VM's while it runs: the second's start fails and leaves no VM.
+	podFile := n.configFile("gpu-b-pod.json", n.podConfig("gpu-b", "uid-gpu-b"))
+	podB := n.mustCrictl("runp", "--runtime", "cocoon", podFile)
+	cfg := containerConfig("app", snapRef)
+	gpu(cfg)
+	ctrFile := n.configFile("gpu-b-ctr.json", cfg)
+	busy := n.mustCrictl("create", "--no-pull", podB, ctrFile, podFile)
+	if _, err := n.crictl("start", busy); err == nil || !strings.Contains(err.Error(), "device or resource busy") {
+		t.Fatalf("a second VM took a held group: %v", err)
+	}
+	if msg := field(n.inspect("inspect", busy), "status", "message"); !strings.Contains(fmt.Sprint(msg), "attach PCI device 0000:01:00.0 of "+group7) {
+		t.Fatalf("the failed start's message: %v", msg)
+	}
+	// Stopping the holder lets go of the group: the kubelet's next attempt starts.
+	n.mustCrictl("stop", ctrA)
+	cfg.Metadata.Attempt = 1
+	ctrB := n.mustCrictl("create", "--no-pull", podB, n.configFile("gpu-b-ctr1.json", cfg), podFile)
+	n.mustCrictl("start", ctrB)
+	if got := n.passedThrough(ctrB); !strings.Contains(got, "=0000:01:00.0") {
+		t.Fatalf("the second VM's passed-through devices after the first stopped: %q", got)
+	}
+	for _, p := range []string{podA, podB} {
+		n.mustCrictl("stopp", p)
+		n.mustCrictl("rmp", p)
+	}
+
+	for _, tc := range []struct {
+		name, hostPath, want string
+	}{
+		{"viable", group8, "PCI device 0000:02:00.1 of IOMMU group 8 (" + group8 + ") is bound to"},
+		{"unknown", group9, "no such IOMMU group 9"},
+		{"noiommu", noIOMMU, "is a no-IOMMU VFIO group"},
+		{"chardev", "/dev/null", "is neither a block device, a disk file nor a VFIO group"},
+	} {
+		cfg := containerConfig("app", snapRef)
+		cfg.Devices = []*runtimeapi.Device{{ContainerPath: "/dev/vfio/x", HostPath: tc.hostPath, Permissions: "rw"}}
+		if msg := n.createRefused(tc.name, cfg); !strings.Contains(msg, tc.want) {
+			t.Errorf("%s: %s", tc.name, msg)
+		}
+	}
+	n.importImage("e2e/fc:v1", n.snapshotImage("fc", fcSnapshot(guest.Spec{})))
+	cfg = containerConfig("dev", "e2e/fc:v1")
+	gpu(cfg)
+	if msg := n.createRefused("fc", cfg); !strings.Contains(msg, "Firecracker") || !strings.Contains(msg, group7) {
+		t.Fatalf("a VFIO group for a Firecracker VM: %s", msg)
+	}
+	old := newNodeWithEnv(t, []string{cocoonsim.VersionEnv + "=0.3.8"}, "--sysfs-dir", sys)
+	old.withSnapshot()
+	cfg.Image.Image, cfg.Command = snapRef, nil // v0.3.8 runs no command without a guest login
+	if msg := old.createRefused("old", cfg); !strings.Contains(msg, "no vm device attach") || !strings.Contains(msg, group7) {
+		t.Fatalf("a VFIO group on cocoon v0.3.8: %s", msg)
+	}
+}
+
+// passedThrough is what `cocoon vm inspect` lists under attached_devices.devices for the
+// container's VM, as "id=bdf ...".
+func (n *node) passedThrough(ctrID string) string {
+	n.t.Helper()
+	name := fmt.Sprint(field(n.inspect("inspect", ctrID), "info", "vm", "name"))
+	out, err := n.cocoon("vm", "inspect", name)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	var shown struct {
+		AttachedDevices struct {
+			Devices []struct{ ID, BDF string } `json:"devices"`
+		} `json:"attached_devices"`
+	}
+	if err := json.Unmarshal([]byte(out), &shown); err != nil {
+		n.t.Fatal(err)
+	}
+	var pairs []string
+	for _, d := range shown.AttachedDevices.Devices {
+		pairs = append(pairs, d.ID+"="+d.BDF)
+	}
+	return strings.Join(pairs, " ")
 }

@@ -104,11 +104,11 @@ func TestBadInputsAreRefusedAndChangeNothing(t *testing.T) {
 		{"a character device", "InvalidArgument", []string{"create", "--no-pull", podID,
 			ctrVariant("device", func(c *runtimeapi.ContainerConfig) {
 				c.Devices = []*runtimeapi.Device{{ContainerPath: "/dev/fuse", HostPath: "/dev/null", Permissions: "rwm"}}
-			}), podFile}, "is not a block device or a disk file"},
+			}), podFile}, "is neither a block device, a disk file nor a VFIO group"},
 		{"a CDI device", "InvalidArgument", []string{"create", "--no-pull", podID,
 			ctrVariant("cdi", func(c *runtimeapi.ContainerConfig) {
 				c.CDIDevices = []*runtimeapi.CDIDevice{{Name: "vendor.com/gpu=0"}}
-			}), podFile}, "passes no PCI device into guests yet"},
+			}), podFile}, "does not read CDI specs"},
 		{"the same container twice", "AlreadyExists", []string{"create", "--no-pull", podID, ctrFile, podFile}, ctrID},
 		{"a container in an unknown sandbox", "NotFound", []string{"create", "--no-pull", unknown, ctrFile, podFile}, "not found"},
 		{"a second start", "FailedPrecondition", []string{"start", ctrID}, "only a created container"},

@@ -18,6 +18,7 @@ type VMConfig struct {
 	Memory   Memory       `json:"memory"`
 	Disks    []Disk       `json:"disks,omitempty"`
 	Nets     []Net        `json:"net,omitempty"`
+	Devices  []Device     `json:"devices,omitempty"`
 	RNG      RNG          `json:"rng"`
 	Watchdog bool         `json:"watchdog"`
 }
