@@ -21,7 +21,8 @@ const NetNSPrefix = "cocoon-cri-"
 // NetNS makes network namespaces as bind mounts under Dir, the way ip netns does, so they live
 // without any process in them.
 type NetNS struct {
-	Dir string
+	Dir      string
+	counters counterSockets
 }
 
 // NetNSPath is the namespace path of a sandbox.
@@ -51,6 +52,7 @@ func (n *NetNS) CreateNetNS(path string) error {
 
 // RemoveNetNS unpins and deletes the namespace at path. A missing one is fine.
 func (n *NetNS) RemoveNetNS(path string) error {
+	defer n.counters.closeFor(path)()
 	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
 		return fmt.Errorf("unmount netns %s: %w", path, err)
 	}

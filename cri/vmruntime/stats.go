@@ -234,7 +234,7 @@ func (s *Server) podNetwork(sb *store.Sandbox, hypervisorPID int, now int64) *ru
 	}
 	if !found && sb.NetNS != "" && sb.Network != nil && sb.Network.Result != nil {
 		var err error
-		if iface, err = tapmanager.PodInterfaceCounters(sb.NetNS); err != nil {
+		if iface, err = s.net.PodInterfaceCounters(sb.NetNS); err != nil {
 			s.log.Debug("no pod interface counters", "sandbox", sb.ID, "err", err)
 			return nil
 		}
