@@ -95,7 +95,7 @@ func (a *app) deviceAttach(cmd *cobra.Command, args []string) error {
 	if err != nil {
 		return fmt.Errorf("vm.add-device: %w", err)
 	}
-	return a.deviceResult(cmd, map[string]string{"vm": args[0], "pci": pci, "id": got}, "attached device pci=%s id=%s vm=%s", pci, got, args[0])
+	return a.attachResult(cmd, "cmd.vm.device", map[string]string{"vm": args[0], "pci": pci, "id": got}, "attached device pci=%s id=%s vm=%s", pci, got, args[0])
 }
 
 func (a *app) deviceDetach(cmd *cobra.Command, args []string) error {
@@ -126,7 +126,7 @@ func (a *app) deviceDetach(cmd *cobra.Command, args []string) error {
 	if err := hc.removeDevice(ctx, id); err != nil {
 		return fmt.Errorf("vm.remove-device %s: %w", id, err)
 	}
-	return a.deviceResult(cmd, map[string]string{"vm": args[0], "id": id}, "detached device id=%s vm=%s", id, args[0])
+	return a.attachResult(cmd, "cmd.vm.device", map[string]string{"vm": args[0], "id": id}, "detached device id=%s vm=%s", id, args[0])
 }
 
 // chTarget is the cloud-hypervisor VM ref names: Firecracker takes no VFIO hot-plug.
@@ -173,14 +173,6 @@ func normalizePCIPath(input string) (string, error) {
 		return guest.SysfsPCIPrefix + "0000:" + low, nil
 	}
 	return "", fmt.Errorf("pci %q invalid: expect BDF (01:00.0 / 0000:01:00.0) or sysfs path", input)
-}
-
-func (a *app) deviceResult(cmd *cobra.Command, result map[string]string, format string, args ...any) error {
-	if out, _ := cmd.Flags().GetString("output"); out == "json" {
-		return outputJSON(cmd.OutOrStdout(), result)
-	}
-	a.log.with("cmd.vm.device").Infof(format, args...)
-	return nil
 }
 
 // attachedPCIDevices are the running VM's passed-through devices, as inspect shows them.

@@ -112,7 +112,7 @@ func (a *app) diskAttach(cmd *cobra.Command, args []string) error {
 	if err := hc.addDisk(ctx, disk); err != nil {
 		return fmt.Errorf("vm.add-disk: %w", err)
 	}
-	return a.diskResult(cmd, map[string]string{"vm": args[0], "name": name, "id": id}, "attached disk name=%s id=%s vm=%s", name, id, args[0])
+	return a.attachResult(cmd, "cmd.vm.disk", map[string]string{"vm": args[0], "name": name, "id": id}, "attached disk name=%s id=%s vm=%s", name, id, args[0])
 }
 
 func (a *app) diskDetach(cmd *cobra.Command, args []string) error {
@@ -140,7 +140,7 @@ func (a *app) diskDetach(cmd *cobra.Command, args []string) error {
 	if err := hc.removeDevice(ctx, id); err != nil {
 		return fmt.Errorf("vm.remove-device %s: %w", id, err)
 	}
-	return a.diskResult(cmd, map[string]string{"vm": args[0], "name": name}, "detached disk name=%s vm=%s", name, args[0])
+	return a.attachResult(cmd, "cmd.vm.disk", map[string]string{"vm": args[0], "name": name}, "detached disk name=%s vm=%s", name, args[0])
 }
 
 func hasDisk(disks []guest.Disk, id string) bool {
@@ -185,11 +185,12 @@ func validateDiskSpec(path, name string) error {
 	return nil
 }
 
-func (a *app) diskResult(cmd *cobra.Command, result map[string]string, format string, args ...any) error {
+// attachResult prints what an attach or detach did: JSON with -o json, a log line otherwise.
+func (a *app) attachResult(cmd *cobra.Command, logName string, result map[string]string, format string, args ...any) error {
 	if out, _ := cmd.Flags().GetString("output"); out == "json" {
 		return outputJSON(cmd.OutOrStdout(), result)
 	}
-	a.log.with("cmd.vm.disk").Infof(format, args...)
+	a.log.with(logName).Infof(format, args...)
 	return nil
 }
 
