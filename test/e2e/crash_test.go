@@ -191,6 +191,8 @@ func backgroundPoint(name string) bool {
 // of its own and side by side. After each kill it restarts cocoon-cri, replays the kubelet's next
 // moves, and checks that the CRI view matches cocoon's records; at the end of each life nothing is
 // left: no VM, network namespace, veth, IP lease, CNI cache entry, record or open log file.
+// The daemon is the build without the race detector (bins.cocoonCRIPlain) after the first start:
+// the other tests run the race build through the same restarts and recoveries.
 func TestCrashSafety(t *testing.T) {
 	var total atomic.Int64
 	t.Run("scenarios", func(t *testing.T) {
@@ -198,6 +200,7 @@ func TestCrashSafety(t *testing.T) {
 			t.Run(sc.name, func(t *testing.T) {
 				t.Parallel()
 				n := newNode(t)
+				n.bin = bins.cocoonCRIPlain
 				n.withSnapshot()
 				n.importImage(cloudRef, n.cloudImage("cloud"))
 				points := n.tracePoints(sc)

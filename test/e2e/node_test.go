@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -44,6 +45,7 @@ type node struct {
 	podLogs  string
 	extra    []string
 	env      []string // more environment for the daemon
+	bin      string   // the daemon's executable; empty is bins.cocoonCRI
 	logFile  string
 	daemon   *testproc.Process
 }
@@ -167,7 +169,7 @@ func (n *node) launch() {
 	}
 	defer logFile.Close()
 	// nsenter execs cocoon-cri in the node's namespace: the PID is the daemon's.
-	nsenter := append([]string{"--net=" + n.nodeNS, "--", bins.cocoonCRI}, append(args, n.extra...)...)
+	nsenter := append([]string{"--net=" + n.nodeNS, "--", cmp.Or(n.bin, bins.cocoonCRI)}, append(args, n.extra...)...)
 	cmd := exec.Command("nsenter", nsenter...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	// A race fails the daemon at once (exit 66); without atexit_sleep_ms=0 the race runtime would
