@@ -9,6 +9,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/waittime"
 )
 
 // Who served an RPC, in logs and metrics.
@@ -21,6 +23,9 @@ const (
 // RPCObserver is told of every RPC when it ends; pkg/metrics implements it. It must not block.
 type RPCObserver interface {
 	RPCDone(fullMethod, runtime string, took time.Duration, code codes.Code)
+	// RPCOwnTime is, for a unary RPC, the part of its time not spent waiting on cocoon, the CNI
+	// plugins or the passthrough runtime (pkg/waittime): cocoon-cri's own cost.
+	RPCOwnTime(fullMethod, runtime string, own time.Duration)
 }
 
 // servedBy records, for the interceptor, which runtime the router chose for the RPC in progress.
@@ -53,9 +58,14 @@ func Interceptors(log *slog.Logger, obs RPCObserver) (grpc.UnaryServerIntercepto
 	unary := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		start := time.Now()
 		by := &servedBy{runtime: servedByVM}
-		resp, err := handler(context.WithValue(ctx, servedByKey{}, by), req)
+		ctx, waits := waittime.New(context.WithValue(ctx, servedByKey{}, by))
+		resp, err := handler(ctx, req)
 		err = toStatus(err)
-		done(log, obs, info.FullMethod, by.get(), time.Since(start), err)
+		took := time.Since(start)
+		if obs != nil {
+			obs.RPCOwnTime(info.FullMethod, by.get(), max(took-waits.Close(), 0))
+		}
+		done(log, obs, info.FullMethod, by.get(), took, err)
 		return resp, err
 	}
 	stream := func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {

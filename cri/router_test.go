@@ -17,6 +17,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
+	"github.com/cocoonstack/cocoon-cri/pkg/waittime"
 )
 
 var ctx = context.Background()
@@ -501,10 +502,46 @@ func TestImageFsInfoWithoutThePassthroughRuntime(t *testing.T) {
 }
 
 // recorder is an RPCObserver.
-type recorder struct{ done []string }
+type recorder struct {
+	done      []string
+	took, own []time.Duration
+}
 
-func (rec *recorder) RPCDone(method, runtime string, _ time.Duration, code codes.Code) {
+func (rec *recorder) RPCDone(method, runtime string, took time.Duration, code codes.Code) {
 	rec.done = append(rec.done, fmt.Sprintf("%s %s %s", method, runtime, code))
+	rec.took = append(rec.took, took)
+}
+
+func (rec *recorder) RPCOwnTime(_, _ string, own time.Duration) { rec.own = append(rec.own, own) }
+
+// An RPC's own time is its time less what it waited on other programs: all of it when it waits on
+// nothing, and at most its time less the wait when it does.
+func TestInterceptorSeparatesOwnTimeFromWaits(t *testing.T) {
+	rec := &recorder{}
+	unary, _ := Interceptors(discard, rec)
+	info := &grpc.UnaryServerInfo{FullMethod: "/runtime.v1.RuntimeService/StopContainer"}
+	if _, err := unary(ctx, nil, info, func(context.Context, any) (any, error) { return nil, nil }); err != nil {
+		t.Fatal(err)
+	}
+	const wait = 50 * time.Millisecond
+	_, err := unary(ctx, nil, info, func(ctx context.Context, _ any) (any, error) {
+		end := waittime.Begin(ctx) // as a cocoon call does
+		time.Sleep(wait)
+		end()
+		return nil, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rec.own) != 2 {
+		t.Fatalf("own times %v, want one per RPC", rec.own)
+	}
+	if rec.own[0] != rec.took[0] {
+		t.Errorf("an RPC that waited on nothing: own %v, want all of its %v", rec.own[0], rec.took[0])
+	}
+	if rec.own[1] > rec.took[1]-wait {
+		t.Errorf("an RPC that waited %v: own %v of %v", wait, rec.own[1], rec.took[1])
+	}
 }
 
 func TestInterceptorMapsLogsAndCountsForBothRuntimes(t *testing.T) {

@@ -16,6 +16,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/faultpoint"
+	"github.com/cocoonstack/cocoon-cri/pkg/waittime"
 )
 
 // PodIfName is the pod's interface in its namespace, as every Kubernetes runtime names it.
@@ -173,7 +174,9 @@ func protocolName(p runtimeapi.Protocol) string {
 // Add attaches the pod to the network and returns the result in CNI's current version.
 func (c *CNI) Add(ctx context.Context, list *libcni.NetworkConfigList, pod Pod) (*current.Result, error) {
 	start := time.Now()
+	waited := waittime.Begin(ctx)
 	res, err := c.cni.AddNetworkList(ctx, list, pod.runtimeConf())
+	waited()
 	c.observed("ADD", start, err)
 	if err != nil {
 		return nil, fmt.Errorf("CNI ADD to network %q: %w", list.Name, err)
@@ -199,7 +202,9 @@ func (c *CNI) Del(ctx context.Context, confList []byte, pod Pod) error {
 	}
 	faultpoint.Hit("cni del/before")
 	start := time.Now()
+	waited := waittime.Begin(ctx)
 	err = c.cni.DelNetworkList(ctx, list, rc)
+	waited()
 	c.observed("DEL", start, err)
 	if err != nil {
 		return fmt.Errorf("CNI DEL from network %q: %w", list.Name, err)

@@ -18,6 +18,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/waittime"
 )
 
 // maxMsgSize is the kubelet's own limit for CRI messages: a list the kubelet can take from the
@@ -55,6 +57,7 @@ func Dial(endpoint string) (*Runtime, error) {
 	conn, err := grpc.NewClient(target,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithConnectParams(reconnect),
+		grpc.WithChainUnaryInterceptor(accountWait),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMsgSize), grpc.MaxCallSendMsgSize(maxMsgSize)))
 	if err != nil {
 		return nil, fmt.Errorf("passthrough endpoint %s: %w", endpoint, err)
@@ -131,4 +134,11 @@ func relay[Req, Resp any](r *Runtime, out grpc.ServerStreamingServer[Resp], open
 			return err
 		}
 	}
+}
+
+// accountWait counts a call to the peer runtime as time the RPC waited on it: what is left is
+// what passing through costs.
+func accountWait(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	defer waittime.Begin(ctx)()
+	return invoker(ctx, method, req, reply, cc, opts...)
 }

@@ -15,6 +15,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/waittime"
 )
 
 // Both services, checked at compile time: the edge takes the passthrough runtime as a backend.
@@ -228,5 +230,19 @@ func TestEndpointsMustBeUnixSockets(t *testing.T) {
 			continue
 		}
 		_ = r.Close()
+	}
+}
+
+// A call to the peer is time its RPC waited: what passing through costs is the rest.
+func TestCallsToThePeerAreWaits(t *testing.T) {
+	socket := socketPath(t)
+	servePeer(t, &peer{}, socket)
+	r := dial(t, "unix://"+socket)
+	cctx, account := waittime.New(context.Background())
+	if _, err := r.RunPodSandbox(cctx, &runtimeapi.RunPodSandboxRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if waited := account.Close(); waited <= 0 {
+		t.Fatalf("a call through to the peer waited %v", waited)
 	}
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/cocoonstack/cocoon-cri/pkg/faultpoint"
 	"github.com/cocoonstack/cocoon-cri/pkg/syncio"
+	"github.com/cocoonstack/cocoon-cri/pkg/waittime"
 )
 
 // DefaultTimeout bounds a cocoon call whose caller gives no shorter deadline. cocoon commands are
@@ -146,7 +147,9 @@ func (c *Client) run(ctx context.Context, cl call) ([]byte, error) {
 	sub := subcommand(cl.args)
 	faultpoint.Hit("cocoon " + sub + "/before")
 	start := time.Now()
+	waited := waittime.Begin(ctx)
 	err := cmd.Run()
+	waited()
 	took := time.Since(start)
 	faultpoint.Hit("cocoon " + sub + "/after")
 	if err != nil {

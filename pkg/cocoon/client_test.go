@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/waittime"
 )
 
 // The outputs below are written from docs/cocoon-contract.md (sections 1.1-1.8): what
@@ -414,5 +416,17 @@ func TestSubcommand(t *testing.T) {
 		if got := subcommand(strings.Fields(args)); got != want {
 			t.Errorf("subcommand(%q) = %q, want %q", args, got, want)
 		}
+	}
+}
+
+// A cocoon call is time its RPC waited, for the RPC's own cost to leave it out.
+func TestCallsAreWaits(t *testing.T) {
+	c, _ := fakeCocoon(t, response{match: "vm list", stdout: "[]\n", sleep: "0.1"})
+	ctx, account := waittime.New(context.Background())
+	if _, err := c.VMList(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if waited := account.Close(); waited < 100*time.Millisecond {
+		t.Fatalf("a cocoon call of at least 100 ms: waited %v", waited)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/syncio"
+	"github.com/cocoonstack/cocoon-cri/pkg/waittime"
 )
 
 // ExecOptions are the streams and environment of a command run in a guest.
@@ -69,6 +70,8 @@ func (c *Client) VMExec(ctx context.Context, id string, argv []string, o ExecOpt
 	cmd.Stdout, cmd.Stderr = streams[0], streams[1]
 
 	start := time.Now()
+	waited := waittime.Begin(ctx)
+	defer waited()
 	err := cmd.Start()
 	if err == nil {
 		if stdin != nil {

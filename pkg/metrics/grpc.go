@@ -16,6 +16,13 @@ func (m *Metrics) RPCDone(fullMethod, runtime string, took time.Duration, code c
 	m.rpcSeconds.WithLabelValues(service, method, runtime).Observe(took.Seconds())
 }
 
+// RPCOwnTime records the part of a unary RPC's time that was cocoon-cri's own, the rest having
+// been spent waiting on cocoon, CNI plugins or the passthrough runtime.
+func (m *Metrics) RPCOwnTime(fullMethod, runtime string, own time.Duration) {
+	service, method := splitMethod(fullMethod)
+	m.rpcOwnSeconds.WithLabelValues(service, method, runtime).Observe(own.Seconds())
+}
+
 // splitMethod splits gRPC's "/runtime.v1.RuntimeService/RunPodSandbox" into its service and method.
 func splitMethod(fullMethod string) (service, method string) {
 	fullMethod = strings.TrimPrefix(fullMethod, "/")

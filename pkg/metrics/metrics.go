@@ -37,6 +37,7 @@ type Metrics struct {
 
 	rpcs           *prometheus.CounterVec
 	rpcSeconds     *prometheus.HistogramVec
+	rpcOwnSeconds  *prometheus.HistogramVec
 	cocoonSeconds  *prometheus.HistogramVec
 	cocoonFailures *prometheus.CounterVec
 	cniSeconds     *prometheus.HistogramVec
@@ -52,6 +53,7 @@ type Metrics struct {
 // calls likewise from an inspect to a clone; pulls from a tag-only pull to a multi-GiB download.
 var (
 	rpcBuckets    = []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300}
+	ownBuckets    = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 5}
 	cocoonBuckets = []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120}
 	pullBuckets   = []float64{.1, .5, 1, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600}
 )
@@ -69,6 +71,12 @@ func New(st *store.Store, version string) *Metrics {
 			Namespace: namespace, Name: "rpc_duration_seconds",
 			Help:    "Time to handle a CRI gRPC request (a stream: its whole life), by service, method and the runtime that served it.",
 			Buckets: rpcBuckets,
+		}, []string{"service", "method", "runtime"}),
+		rpcOwnSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "rpc_own_duration_seconds",
+			Help: "Time of a unary CRI gRPC request not spent waiting on cocoon commands, CNI plugins or the passthrough runtime: " +
+				"cocoon-cri's own cost, by service, method and the runtime that served it.",
+			Buckets: ownBuckets,
 		}, []string{"service", "method", "runtime"}),
 		cocoonSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace, Name: "cocoon_call_duration_seconds",
@@ -112,7 +120,7 @@ func New(st *store.Store, version string) *Metrics {
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.rpcs, m.rpcSeconds, m.cocoonSeconds, m.cocoonFailures, m.cniSeconds, m.cniFailures, m.pullSeconds, m.pullBytes, m.orphans, m.watcherRestart,
+		m.rpcs, m.rpcSeconds, m.rpcOwnSeconds, m.cocoonSeconds, m.cocoonFailures, m.cniSeconds, m.cniFailures, m.pullSeconds, m.pullBytes, m.orphans, m.watcherRestart,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "build_info",
 			Help:        "Always 1; the version label is cocoon-cri's version.",

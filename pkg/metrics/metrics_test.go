@@ -129,6 +129,8 @@ func TestRPCsCountedByRuntimeAndCode(t *testing.T) {
 	m.RPCDone("/runtime.v1.RuntimeService/StartContainer", "cocoon", time.Millisecond, codes.FailedPrecondition)
 	m.RPCDone("/runtime.v1.ImageService/PullImage", "passthrough", time.Millisecond, codes.Unavailable)
 	m.RPCDone("/runtime.v1.RuntimeService/ListPodSandbox", "both", time.Millisecond, codes.OK)
+	m.RPCOwnTime("/runtime.v1.RuntimeService/RunPodSandbox", "cocoon", 2*time.Millisecond)
+	m.RPCOwnTime("/runtime.v1.RuntimeService/RunPodSandbox", "cocoon", 300*time.Microsecond)
 
 	const rt = `service="runtime.v1.RuntimeService"`
 	expect(t, scrape(t, m), map[string]string{
@@ -138,6 +140,9 @@ func TestRPCsCountedByRuntimeAndCode(t *testing.T) {
 		`cocoon_cri_rpc_requests_total{code="Unavailable",method="PullImage",runtime="passthrough",service="runtime.v1.ImageService"}`: "1",
 		`cocoon_cri_rpc_requests_total{code="OK",method="ListPodSandbox",runtime="both",` + rt + `}`:                                   "1",
 		`cocoon_cri_rpc_duration_seconds_count{method="RunPodSandbox",runtime="cocoon",` + rt + `}`:                                    "2",
+		`cocoon_cri_rpc_own_duration_seconds_count{method="RunPodSandbox",runtime="cocoon",` + rt + `}`:                                "2",
+		`cocoon_cri_rpc_own_duration_seconds_sum{method="RunPodSandbox",runtime="cocoon",` + rt + `}`:                                  "0.0023",
+		`cocoon_cri_rpc_own_duration_seconds_bucket{method="RunPodSandbox",runtime="cocoon",` + rt + `,le="0.0005"}`:                   "1",
 	})
 }
 
