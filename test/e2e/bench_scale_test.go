@@ -29,10 +29,10 @@ const (
 	scaleSubnet  = "10.88.0.0/20"
 )
 
-// Each periodic RPC is called up to scaleCalls times against each runtime, alternately, and no
-// more rounds are started once scaleRPCBudget has passed (after scaleMinCalls): containerd's stats
-// at 500 pods take minutes a call on 2 cores. A call past scaleCallTimeout is given up, and that
-// runtime is not asked that RPC again.
+// Each periodic RPC is called up to scaleCalls times against each runtime, and no more calls are
+// made once scaleRPCBudget has passed (after scaleMinCalls): containerd's stats at 500 pods took
+// minutes a call on 2 cores. A call past scaleCallTimeout is given up, and that runtime is not
+// asked that RPC again.
 const (
 	scaleCalls       = 200
 	scaleMinCalls    = 10
@@ -53,14 +53,60 @@ func scaleSize(t *testing.T) (pods, running int) {
 	return pods, pods / 10
 }
 
+// scaleRuntime is one runtime under the scale benchmark: where it listens, and what its pods run.
+type scaleRuntime struct {
+	name, endpoint, handler, image string
+	command                        []string
+	pid                            int
+}
+
+// scaleFigures is what the scale benchmark measured of one runtime.
+type scaleFigures struct {
+	rpcs                    []rpcFigures
+	runPodFirst, runPodLast time.Duration
+	rss                     string
+	removal                 time.Duration
+}
+
+// rpcFigures is one periodic RPC's latencies at scale.
+type rpcFigures struct {
+	p50, p99 time.Duration
+	calls    int
+	timedOut bool
+}
+
+// scaleRPCs are the calls the kubelet makes periodically, whose cost grows with the pods.
+var scaleRPCs = []struct {
+	name string
+	call func(context.Context, runtimeapi.RuntimeServiceClient) error
+}{
+	{"ListPodSandbox", func(ctx context.Context, c runtimeapi.RuntimeServiceClient) error {
+		_, err := c.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
+		return err
+	}},
+	{"ListContainers", func(ctx context.Context, c runtimeapi.RuntimeServiceClient) error {
+		_, err := c.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
+		return err
+	}},
+	{"ListPodSandboxStats", func(ctx context.Context, c runtimeapi.RuntimeServiceClient) error {
+		_, err := c.ListPodSandboxStats(ctx, &runtimeapi.ListPodSandboxStatsRequest{})
+		return err
+	}},
+	{"ListContainerStats", func(ctx context.Context, c runtimeapi.RuntimeServiceClient) error {
+		_, err := c.ListContainerStats(ctx, &runtimeapi.ListContainerStatsRequest{})
+		return err
+	}},
+}
+
 // TestBenchmarkScale measures what the kubelet's periodic calls cost at node scale: 500 pods, 50
 // of them with a running container, in cocoon-cri (VM pods on the simulator) and in a real
-// containerd (runc) on the same node, each runtime on its own (no passthrough, so neither lists
-// the other's pods). It records RunPodSandbox's time as the pods accumulate, then times the list
-// and stats RPCs alternately against both, and reads both daemons' RSS.
+// containerd (runc) on the same node. Each runtime is measured on its own, with no passthrough and
+// with none of the other's pods on the node: its pods are made, the RPCs timed, its RSS read, and
+// its pods removed before the other's are made, so that neither's figures carry the other's load.
+// The figures are written after each runtime, so a run cut short keeps what it measured.
 func TestBenchmarkScale(t *testing.T) {
 	out := benchDir(t)
-	scalePods, scaleRunning := scaleSize(t)
+	pods, running := scaleSize(t)
 	cgroups := testCgroupParent(t) // removed after the node, registered before it
 	n := prepareNode(t, nil)
 	n.writeNetworkConfig(scaleSubnet) // both runtimes' pods draw from the node's one address pool
@@ -70,17 +116,13 @@ func TestBenchmarkScale(t *testing.T) {
 	n.start()
 	n.withSnapshot()
 	busybox, _ := ctrd.Images()
-	runtimes := []struct {
-		name, endpoint, handler, image string
-		command                        []string
-	}{
-		{"cocoon-cri", "unix://" + n.socket, "cocoon", snapRef, nil},
-		{"containerd", ctrd.Endpoint(), "", busybox, []string{"sleep", "3600"}},
+	runtimes := []scaleRuntime{
+		{name: "cocoon-cri", endpoint: "unix://" + n.socket, handler: "cocoon", image: snapRef, pid: n.daemon.PID()},
+		{name: "containerd", endpoint: ctrd.Endpoint(), image: busybox, command: []string{"sleep", "3600"}, pid: ctrd.PID()},
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Minute)
 	defer cancel()
-	clients := make([]runtimeapi.RuntimeServiceClient, len(runtimes))
-	runPod := make([][]time.Duration, len(runtimes))
+	figures := make([]*scaleFigures, len(runtimes))
 	for i, r := range runtimes {
 		conn, err := grpc.NewClient(r.endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()),
 			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(kubeletMaxMessage)))
@@ -88,139 +130,145 @@ func TestBenchmarkScale(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { conn.Close() })
-		c := runtimeapi.NewRuntimeServiceClient(conn)
-		clients[i] = c
-		for p := range scalePods {
-			name := fmt.Sprintf("scale-%d", p)
-			cfg := n.podConfig(name, fmt.Sprintf("uid-%s-%d", r.name, p))
-			// As the kubelet gives every pod: containerd's stats need it.
-			cfg.Linux.CgroupParent = fmt.Sprintf("%s/%s-%d", cgroups, r.name, p)
-			start := time.Now()
-			pod, err := c.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: cfg, RuntimeHandler: r.handler})
-			if err != nil {
-				t.Fatalf("%s: RunPodSandbox %d: %v", r.name, p, err)
-			}
-			runPod[i] = append(runPod[i], time.Since(start))
-			if p >= scaleRunning {
-				continue
-			}
-			ctr := containerConfig("main", r.image)
-			ctr.Command = r.command
-			created, err := c.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod.PodSandboxId, Config: ctr, SandboxConfig: cfg})
-			if err != nil {
-				t.Fatalf("%s: CreateContainer %d: %v", r.name, p, err)
-			}
-			if _, err := c.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: created.ContainerId}); err != nil {
-				t.Fatalf("%s: StartContainer %d: %v", r.name, p, err)
-			}
-		}
-	}
-
-	rpcs := []struct {
-		name string
-		call func(context.Context, runtimeapi.RuntimeServiceClient) error
-	}{
-		{"ListPodSandbox", func(ctx context.Context, c runtimeapi.RuntimeServiceClient) error {
-			_, err := c.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
-			return err
-		}},
-		{"ListContainers", func(ctx context.Context, c runtimeapi.RuntimeServiceClient) error {
-			_, err := c.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
-			return err
-		}},
-		{"ListPodSandboxStats", func(ctx context.Context, c runtimeapi.RuntimeServiceClient) error {
-			_, err := c.ListPodSandboxStats(ctx, &runtimeapi.ListPodSandboxStatsRequest{})
-			return err
-		}},
-		{"ListContainerStats", func(ctx context.Context, c runtimeapi.RuntimeServiceClient) error {
-			_, err := c.ListContainerStats(ctx, &runtimeapi.ListContainerStatsRequest{})
-			return err
-		}},
-	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "## Node scale: %d pods, %d of them running\n\n", scalePods, scaleRunning)
-	fmt.Fprintf(&b, "%d pods made one at a time in each runtime on its own (no passthrough): VM pods on the simulator in "+
-		"cocoon-cri, runc pods in containerd; the first %d each start a container (a VM; busybox `sleep`). Then up to %d calls "+
-		"of each RPC the kubelet makes periodically, alternately against both (ms); fewer when an RPC's calls pass 3 minutes, "+
-		"and a call past a minute is given up (shown as > 60000) and not made again. Targets: the lists at most 2 ms at "+
-		"p99 and never slower than containerd; the stats at most 20 ms at p50; RunPodSandbox as fast at %d pods as at "+
-		"20; cocoon-cri's RSS at most 40 MB.\n\n", scalePods, scaleRunning, scaleCalls, scalePods)
-	b.WriteString("| RPC | cocoon-cri p50 | cocoon-cri p99 | containerd p50 | containerd p99 | calls each |\n|---|---|---|---|---|---|\n")
-	for _, rpc := range rpcs {
-		took := make([][]time.Duration, len(runtimes))
-		timedOut := make([]bool, len(runtimes))
-		began := time.Now()
-		for round := 0; round < scaleCalls && (round < scaleMinCalls || time.Since(began) < scaleRPCBudget); round++ {
-			for i, c := range clients {
-				if timedOut[i] {
-					continue
-				}
-				callCtx, cancelCall := context.WithTimeout(ctx, scaleCallTimeout)
-				start := time.Now()
-				err := rpc.call(callCtx, c)
-				cancelCall()
-				switch {
-				case status.Code(err) == codes.DeadlineExceeded && ctx.Err() == nil:
-					timedOut[i] = true
-				case err != nil:
-					t.Fatalf("%s against %s: %v", rpc.name, runtimes[i].name, err)
-				default:
-					took[i] = append(took[i], time.Since(start))
-				}
-			}
-		}
-		cells := []string{rpc.name}
-		for i := range took {
-			slices.Sort(took[i])
-			switch n := len(took[i]); {
-			case timedOut[i] && n == 0:
-				cells = append(cells, "> "+ms(scaleCallTimeout), "> "+ms(scaleCallTimeout))
-			case n == 0:
-				cells = append(cells, "-", "-")
-			default:
-				cells = append(cells, ms(took[i][n/2]), ms(took[i][n*99/100]))
-			}
-		}
-		calls := max(len(took[0]), len(took[1]))
-		cells = append(cells, strconv.Itoa(calls))
-		fmt.Fprintf(&b, "| %s |\n", strings.Join(cells, " | "))
-	}
-	b.WriteString("\n| | cocoon-cri | containerd |\n|---|---|---|\n")
-	mean := func(d []time.Duration) time.Duration {
-		var sum time.Duration
-		for _, x := range d {
-			sum += x
-		}
-		return sum / time.Duration(len(d))
-	}
-	fmt.Fprintf(&b, "| RunPodSandbox, mean of pods 1-20 | %s | %s |\n", ms(mean(runPod[0][:20])), ms(mean(runPod[1][:20])))
-	fmt.Fprintf(&b, "| RunPodSandbox, mean of pods %d-%d | %s | %s |\n", scalePods-19, scalePods,
-		ms(mean(runPod[0][scalePods-20:])), ms(mean(runPod[1][scalePods-20:])))
-	fmt.Fprintf(&b, "| daemon RSS (MB) | %s | %s |\n", rssMB(t, n.daemon.PID()), rssMB(t, ctrd.PID()))
-	// The pods go here, in the benchmark's own time: the helpers' cleanup budgets are for a
-	// test's few pods.
-	removal := make([]time.Duration, len(runtimes))
-	for i, c := range clients {
-		start := time.Now()
-		pods, err := c.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
-		if err != nil {
+		figures[i] = measureAtScale(ctx, t, n, runtimeapi.NewRuntimeServiceClient(conn), r, cgroups, pods, running)
+		report := renderScale(runtimes, figures, pods, running)
+		if err := os.WriteFile(filepath.Join(out, "30-scale.md"), []byte(report), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		for _, pod := range pods.Items {
-			if _, err := c.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: pod.Id}); err != nil {
-				t.Fatalf("%s: StopPodSandbox: %v", runtimes[i].name, err)
-			}
-			if _, err := c.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: pod.Id}); err != nil {
-				t.Fatalf("%s: RemovePodSandbox: %v", runtimes[i].name, err)
+		t.Log("\n" + report)
+	}
+}
+
+// measureAtScale makes the pods in one runtime, one at a time as a node fills, times the periodic
+// RPCs, reads the daemon's RSS, and removes the pods.
+func measureAtScale(ctx context.Context, t *testing.T, n *node, c runtimeapi.RuntimeServiceClient, r scaleRuntime, cgroups string, pods, running int) *scaleFigures {
+	var runPod []time.Duration
+	for p := range pods {
+		cfg := n.podConfig(fmt.Sprintf("scale-%d", p), fmt.Sprintf("uid-%s-%d", r.name, p))
+		// As the kubelet gives every pod: containerd's stats need it.
+		cfg.Linux.CgroupParent = fmt.Sprintf("%s/%s-%d", cgroups, r.name, p)
+		start := time.Now()
+		pod, err := c.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: cfg, RuntimeHandler: r.handler})
+		if err != nil {
+			t.Fatalf("%s: RunPodSandbox %d: %v", r.name, p, err)
+		}
+		runPod = append(runPod, time.Since(start))
+		if p >= running {
+			continue
+		}
+		ctr := containerConfig("main", r.image)
+		ctr.Command = r.command
+		created, err := c.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod.PodSandboxId, Config: ctr, SandboxConfig: cfg})
+		if err != nil {
+			t.Fatalf("%s: CreateContainer %d: %v", r.name, p, err)
+		}
+		if _, err := c.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: created.ContainerId}); err != nil {
+			t.Fatalf("%s: StartContainer %d: %v", r.name, p, err)
+		}
+	}
+	f := &scaleFigures{runPodFirst: mean(runPod[:20]), runPodLast: mean(runPod[pods-20:])}
+	for _, rpc := range scaleRPCs {
+		var took []time.Duration
+		timedOut := false
+		began := time.Now()
+		for call := 0; call < scaleCalls && !timedOut && (call < scaleMinCalls || time.Since(began) < scaleRPCBudget); call++ {
+			callCtx, cancelCall := context.WithTimeout(ctx, scaleCallTimeout)
+			start := time.Now()
+			err := rpc.call(callCtx, c)
+			cancelCall()
+			switch {
+			case status.Code(err) == codes.DeadlineExceeded && ctx.Err() == nil:
+				timedOut = true
+			case err != nil:
+				t.Fatalf("%s against %s: %v", rpc.name, r.name, err)
+			default:
+				took = append(took, time.Since(start))
 			}
 		}
-		removal[i] = time.Since(start) / time.Duration(len(pods.Items))
+		fig := rpcFigures{calls: len(took), timedOut: timedOut}
+		if len(took) > 0 {
+			slices.Sort(took)
+			fig.p50, fig.p99 = took[len(took)/2], took[len(took)*99/100]
+		}
+		f.rpcs = append(f.rpcs, fig)
 	}
-	fmt.Fprintf(&b, "| StopPodSandbox and RemovePodSandbox, mean per pod | %s | %s |\n", ms(removal[0]), ms(removal[1]))
-	if err := os.WriteFile(filepath.Join(out, "30-scale.md"), []byte(b.String()), 0o644); err != nil {
+	f.rss = rssMB(t, r.pid)
+	// The pods go here, in the benchmark's own time: the helpers' cleanup budgets are for a
+	// test's few pods.
+	start := time.Now()
+	list, err := c.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
+	if err != nil {
 		t.Fatal(err)
 	}
-	t.Log("\n" + b.String())
+	for _, pod := range list.Items {
+		if _, err := c.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: pod.Id}); err != nil {
+			t.Fatalf("%s: StopPodSandbox: %v", r.name, err)
+		}
+		if _, err := c.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: pod.Id}); err != nil {
+			t.Fatalf("%s: RemovePodSandbox: %v", r.name, err)
+		}
+	}
+	f.removal = time.Since(start) / time.Duration(len(list.Items))
+	return f
+}
+
+// renderScale is the scale benchmark's section of docs/performance.md, with the runtimes measured
+// so far.
+func renderScale(runtimes []scaleRuntime, figures []*scaleFigures, pods, running int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "## Node scale: %d pods, %d of them running\n\n", pods, running)
+	fmt.Fprintf(&b, "%d pods made one at a time in each runtime, one runtime at a time (no passthrough, and none of the "+
+		"other runtime's pods on the node): VM pods on the simulator in cocoon-cri, runc pods in containerd; the first %d "+
+		"each start a container (a VM; busybox `sleep`). Then up to %d calls of each RPC the kubelet makes periodically "+
+		"(ms); fewer when an RPC's calls pass 3 minutes, and a call past a minute is given up (shown as > 60000) and not "+
+		"made again. Targets: the lists at most 2 ms at p99 and never slower than containerd; the stats at most 20 ms at "+
+		"p50; RunPodSandbox as fast at %d pods as at 20; cocoon-cri's RSS at most 40 MB.\n\n", pods, running, scaleCalls, pods)
+	b.WriteString("| RPC | cocoon-cri p50 | cocoon-cri p99 | calls | containerd p50 | containerd p99 | calls |\n|---|---|---|---|---|---|---|\n")
+	for k, rpc := range scaleRPCs {
+		cells := []string{rpc.name}
+		for _, f := range figures {
+			switch {
+			case f == nil:
+				cells = append(cells, "not measured", "", "")
+			case f.rpcs[k].calls == 0 && f.rpcs[k].timedOut:
+				cells = append(cells, "> "+ms(scaleCallTimeout), "> "+ms(scaleCallTimeout), "0")
+			default:
+				cells = append(cells, ms(f.rpcs[k].p50), ms(f.rpcs[k].p99), strconv.Itoa(f.rpcs[k].calls))
+			}
+		}
+		fmt.Fprintf(&b, "| %s |\n", strings.Join(cells, " | "))
+	}
+	rows := []struct {
+		label string
+		cell  func(*scaleFigures) string
+	}{
+		{"RunPodSandbox, mean of pods 1-20", func(f *scaleFigures) string { return ms(f.runPodFirst) }},
+		{fmt.Sprintf("RunPodSandbox, mean of pods %d-%d", pods-19, pods), func(f *scaleFigures) string { return ms(f.runPodLast) }},
+		{"daemon RSS (MB)", func(f *scaleFigures) string { return f.rss }},
+		{"StopPodSandbox and RemovePodSandbox, mean per pod", func(f *scaleFigures) string { return ms(f.removal) }},
+	}
+	b.WriteString("\n| | " + runtimes[0].name + " | " + runtimes[1].name + " |\n|---|---|---|\n")
+	for _, row := range rows {
+		cells := []string{row.label}
+		for _, f := range figures {
+			if f == nil {
+				cells = append(cells, "not measured")
+				continue
+			}
+			cells = append(cells, row.cell(f))
+		}
+		fmt.Fprintf(&b, "| %s |\n", strings.Join(cells, " | "))
+	}
+	return b.String()
+}
+
+// mean is the average of some durations.
+func mean(d []time.Duration) time.Duration {
+	var sum time.Duration
+	for _, x := range d {
+		sum += x
+	}
+	return sum / time.Duration(len(d))
 }
 
 // rssMB reads a process's resident set size from /proc, in MB.
