@@ -24,6 +24,8 @@ doc=docs/performance.md
   echo "- $(go version | cut -d' ' -f3-), cocoon-cri $(git describe --tags --always --dirty 2>/dev/null), cocoon: the simulator ($(bin/cocoon-sim version 2>/dev/null | head -1 || echo unknown))"
   echo "- containerd $(bin/containerd --version 2>/dev/null | awk '{print $3}'), runc $(runc --version 2>/dev/null | awk 'NR==1 {print $3}'), critest $(cat bin/.critest.version 2>/dev/null)"
   echo
+  echo "What profiles of these figures found, and what was changed for them: [profiles.md](profiles.md)."
+  echo
   for f in "$out"/*.md; do
     [ -e "$f" ] || continue
     cat "$f"

@@ -89,9 +89,6 @@ type powerOffAnswer struct {
 	why        string // when it did not
 }
 
-// powerOffPoll paces the look for a guest that was asked to power off.
-const powerOffPoll = 50 * time.Millisecond
-
 // askGuestPowerOff runs poweroff in the guest and waits, within timeout, for its hypervisor to
 // end. The command's own result says little: a guest that goes down may cut the session first.
 func (s *Server) askGuestPowerOff(ctx context.Context, sb *store.Sandbox, c *store.Container, timeout time.Duration) powerOffAnswer {
@@ -110,15 +107,11 @@ func (s *Server) askGuestPowerOff(ctx context.Context, sb *store.Sandbox, c *sto
 	case status.Code(err) == codes.FailedPrecondition:
 		return powerOffAnswer{why: err.Error()}
 	}
-	for vmAlive(c.VM.PID, c.VM) {
-		select {
-		case <-ctx.Done():
-			if err != nil {
-				return powerOffAnswer{why: err.Error()}
-			}
-			return powerOffAnswer{why: "it was still running at the deadline"}
-		case <-time.After(powerOffPoll):
+	if waitVMGone(ctx, c.VM.PID, c.VM) != nil {
+		if err != nil {
+			return powerOffAnswer{why: err.Error()}
 		}
+		return powerOffAnswer{why: "it was still running at the deadline"}
 	}
 	return powerOffAnswer{poweredOff: true}
 }

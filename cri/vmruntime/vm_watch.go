@@ -10,10 +10,12 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sys/unix"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
 	"github.com/cocoonstack/cocoon-cri/pkg/vmstats"
+	"github.com/cocoonstack/cocoon-cri/pkg/waittime"
 )
 
 // Reasons a running container's VM ended outside cocoon-cri.
@@ -224,6 +226,54 @@ func vmAlive(pid int, rec store.VM) bool {
 	}
 	start, err := vmstats.StartTicks(procRoot, pid)
 	return err == nil && start == rec.PIDStart
+}
+
+// vmGonePoll paces the look for a hypervisor's end where the kernel cannot tell it (no pidfd), and
+// how often a wait on a pidfd looks at its context.
+const vmGonePoll = 50 * time.Millisecond
+
+// waitVMGone waits, within ctx, until the VM's hypervisor process has ended (a zombie has). The
+// kernel marks a pidfd readable the moment its process exits, so a guest's power-off is seen at
+// once rather than at the next look. The time is the guest's, not cocoon-cri's (pkg/waittime).
+func waitVMGone(ctx context.Context, pid int, rec store.VM) error {
+	defer waittime.Begin(ctx)()
+	if !vmAlive(pid, rec) {
+		return nil
+	}
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return pollVMGone(ctx, pid, rec)
+	}
+	defer unix.Close(fd) //nolint:errcheck
+	// Checked again now that the pidfd holds the process: the PID may have been reused before the
+	// open, and then the pidfd names another process.
+	if !vmAlive(pid, rec) {
+		return nil
+	}
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(fds, int(vmGonePoll/time.Millisecond))
+		switch {
+		case n > 0:
+			return nil
+		case err != nil && !errors.Is(err, unix.EINTR):
+			return pollVMGone(ctx, pid, rec)
+		case ctx.Err() != nil:
+			return ctx.Err()
+		}
+	}
+}
+
+// pollVMGone is waitVMGone by looking at /proc every vmGonePoll.
+func pollVMGone(ctx context.Context, pid int, rec store.VM) error {
+	for vmAlive(pid, rec) {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(vmGonePoll):
+		}
+	}
+	return nil
 }
 
 func processAlive(pid int) bool {
