@@ -162,16 +162,24 @@ func TestKillGuestsReleasesZombies(t *testing.T) {
 
 // procState is the state letter of /proc/PID/stat ("" once the process is gone).
 func procState(pid int) string {
+	if fields := procStatFields(pid); len(fields) > 0 {
+		return fields[0]
+	}
+	return ""
+}
+
+// procStatFields is /proc/PID/stat after the command name (which may hold spaces): the state,
+// the parent's PID, ...; nil when the process is gone.
+func procStatFields(pid int) []string {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return ""
+		return nil
 	}
 	i := strings.LastIndexByte(string(data), ')')
-	fields := strings.Fields(string(data[i+1:]))
-	if i < 0 || len(fields) == 0 {
-		return ""
+	if i < 0 {
+		return nil
 	}
-	return fields[0]
+	return strings.Fields(string(data[i+1:]))
 }
 
 // TestGuestPoweroff: poweroff run in a guest shuts it down as its init would: the command
