@@ -1,6 +1,7 @@
 // Package store keeps cocoon-cri's records (sandboxes, containers, images) in a bbolt file under the
-// state dir. Every change is one read-modify-write bbolt transaction, synced to disk before it
-// returns, so an RPC that reports success has its record on disk. Reads are served from an
+// state dir. Every change is one read-modify-write transaction, synced to disk before it returns,
+// so an RPC that reports success has its record on disk; changes that reach the disk at the same
+// time share one bbolt transaction and one sync. Reads are served from an
 // in-memory mirror, so the kubelet's relist every second never waits on the disk.
 package store
 
@@ -66,11 +67,12 @@ func Open(path string) (*Store, error) {
 		}
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
+	commits := &committer{db: db}
 	s := &Store{
 		db:         db,
-		Sandboxes:  newTable(db, "sandboxes", "sandbox", (*Sandbox).key, (*Sandbox).uniqueKeys, (*Sandbox).clone),
-		Containers: newTable(db, "containers", "container", (*Container).key, (*Container).uniqueKeys, (*Container).clone),
-		Images:     newTable(db, "images", "image", (*Image).key, (*Image).uniqueKeys, (*Image).clone),
+		Sandboxes:  newTable(commits, "sandboxes", "sandbox", (*Sandbox).key, (*Sandbox).uniqueKeys, (*Sandbox).clone),
+		Containers: newTable(commits, "containers", "container", (*Container).key, (*Container).uniqueKeys, (*Container).clone),
+		Images:     newTable(commits, "images", "image", (*Image).key, (*Image).uniqueKeys, (*Image).clone),
 	}
 	if err := s.init(); err != nil {
 		db.Close()

@@ -14,25 +14,37 @@ import (
 // Table is one bucket of records of type T, mirrored in memory. Records handed out are copies;
 // the CRI configs they point to are shared and must be treated as read-only.
 type Table[T any] struct {
-	db     *bolt.DB
-	bucket []byte
-	what   string // a record's name in errors: "sandbox"
-	key    func(*T) string
-	unique func(*T) []string
-	clone  func(*T) *T
+	commits *committer
+	bucket  []byte
+	what    string // a record's name in errors: "sandbox"
+	key     func(*T) string
+	unique  func(*T) []string
+	clone   func(*T) *T
 
-	// writeMu serialises transactions, so a transaction reads a committed state nobody else changes.
+	// writeMu serialises the transactions' reads and changes (not their writes to disk): a
+	// transaction reads a state nobody else changes until its own changes are pending.
 	writeMu sync.Mutex
-	// mu guards the mirror; it is held only to copy in or out, never across a disk sync.
+	// mu guards the mirror and pending; it is held only to copy in or out, never across a disk
+	// sync.
 	mu    sync.RWMutex
 	items map[string]*T
 	index map[string]string // unique key -> record key
+	// pending holds, by record key, the transactions handed to the committer and not yet settled.
+	// A transaction that reads or changes one of their records waits for them: nothing is built on
+	// a change that may still fail.
+	pending map[string]*pendingTx[T]
 }
 
-func newTable[T any](db *bolt.DB, bucket, what string, key func(*T) string, unique func(*T) []string, clone func(*T) *T) *Table[T] {
+// pendingTx is a transaction on its way to disk: its changes, and done, closed once it is settled.
+type pendingTx[T any] struct {
+	staged map[string]*T
+	done   chan struct{}
+}
+
+func newTable[T any](commits *committer, bucket, what string, key func(*T) string, unique func(*T) []string, clone func(*T) *T) *Table[T] {
 	return &Table[T]{
-		db: db, bucket: []byte(bucket), what: what, key: key, unique: unique, clone: clone,
-		items: map[string]*T{}, index: map[string]string{},
+		commits: commits, bucket: []byte(bucket), what: what, key: key, unique: unique, clone: clone,
+		items: map[string]*T{}, index: map[string]string{}, pending: map[string]*pendingTx[T]{},
 	}
 }
 
@@ -190,44 +202,78 @@ func (t *Table[T]) Delete(key string) error {
 }
 
 // Update runs fn as one transaction over this table: everything fn puts and deletes is written
-// and synced together, or nothing is when fn (or the disk) fails.
+// and synced together, or nothing is when fn (or the disk) fails. Transactions of every table that
+// reach the disk at the same time share one write and one sync (committer).
 func (t *Table[T]) Update(fn func(tx *Tx[T]) error) error {
 	t.writeMu.Lock()
-	defer t.writeMu.Unlock()
 	tx := &Tx[T]{t: t, staged: map[string]*T{}}
 	if err := fn(tx); err != nil {
+		t.writeMu.Unlock()
 		return err
 	}
 	if len(tx.staged) == 0 {
+		t.writeMu.Unlock()
 		return nil
 	}
+	encoded := make(map[string][]byte, len(tx.staged))
+	for k, item := range tx.staged {
+		if item == nil {
+			encoded[k] = nil
+			continue
+		}
+		data, err := encode(item)
+		if err != nil {
+			t.writeMu.Unlock()
+			return fmt.Errorf("encode %s/%s: %w", t.bucket, k, err)
+		}
+		encoded[k] = data
+	}
+	p := &pendingTx[T]{staged: tx.staged, done: make(chan struct{})}
+	t.mu.Lock()
+	for k := range tx.staged {
+		t.pending[k] = p
+	}
+	t.mu.Unlock()
+	t.writeMu.Unlock()
+
 	faultpoint.Hit("store " + t.what + "/before")
-	err := t.db.Update(func(btx *bolt.Tx) error {
+	err := t.commits.commit(func(btx *bolt.Tx) error {
 		b := btx.Bucket(t.bucket)
-		for k, item := range tx.staged {
-			if item == nil {
+		for k, data := range encoded {
+			if data == nil {
 				if err := b.Delete([]byte(k)); err != nil {
 					return err
 				}
 				continue
-			}
-			data, err := encode(item)
-			if err != nil {
-				return fmt.Errorf("encode %s/%s: %w", t.bucket, k, err)
 			}
 			if err := b.Put([]byte(k), data); err != nil {
 				return err
 			}
 		}
 		return nil
-	})
+	}, func(err error) { t.settle(p, err) })
 	if err != nil {
 		return fmt.Errorf("write %s: %w", t.bucket, err)
 	}
 	faultpoint.Hit("store " + t.what + "/after")
+	return nil
+}
+
+// settle mirrors a transaction that reached the disk, or drops one that did not, and lets those
+// waiting for it go on.
+func (t *Table[T]) settle(p *pendingTx[T], err error) {
 	t.mu.Lock()
+	defer close(p.done)
 	defer t.mu.Unlock()
-	for k, item := range tx.staged {
+	for k := range p.staged {
+		if t.pending[k] == p {
+			delete(t.pending, k)
+		}
+	}
+	if err != nil {
+		return
+	}
+	for k, item := range p.staged {
 		if old, ok := t.items[k]; ok {
 			for _, u := range t.unique(old) {
 				if t.index[u] == k {
@@ -244,13 +290,28 @@ func (t *Table[T]) Update(fn func(tx *Tx[T]) error) error {
 			t.index[u] = k
 		}
 	}
-	return nil
 }
 
-// Tx is a transaction over one table. It reads the committed records plus its own changes.
+// Tx is a transaction over one table. It reads the committed records plus its own changes: a
+// record another transaction is writing to disk is waited for, and read once it is settled.
 type Tx[T any] struct {
 	t      *Table[T]
 	staged map[string]*T // nil value: deleted
+}
+
+// settled runs read on the mirror under its read lock once nothing this read depends on is
+// pending: read returns the pending transaction it found in its way, if any, and is run again
+// after that one is settled. The caller holds writeMu, which no settling needs.
+func (tx *Tx[T]) settled(read func() *pendingTx[T]) {
+	for {
+		tx.t.mu.RLock()
+		p := read()
+		tx.t.mu.RUnlock()
+		if p == nil {
+			return
+		}
+		<-p.done
+	}
 }
 
 // Get returns a copy of the record as this transaction sees it.
@@ -261,13 +322,17 @@ func (tx *Tx[T]) Get(key string) (*T, bool) {
 		}
 		return tx.t.clone(item), true
 	}
-	tx.t.mu.RLock()
-	defer tx.t.mu.RUnlock()
-	item, ok := tx.t.items[key]
-	if !ok {
-		return nil, false
-	}
-	return tx.t.clone(item), true
+	var out *T
+	tx.settled(func() *pendingTx[T] {
+		if p := tx.t.pending[key]; p != nil {
+			return p
+		}
+		if item, ok := tx.t.items[key]; ok {
+			out = tx.t.clone(item)
+		}
+		return nil
+	})
+	return out, out != nil
 }
 
 // Holder returns the key of the record holding a unique key, as this transaction sees it.
@@ -277,17 +342,30 @@ func (tx *Tx[T]) Holder(uniqueKey string) (string, bool) {
 			return k, true
 		}
 	}
-	tx.t.mu.RLock()
-	defer tx.t.mu.RUnlock()
-	k, ok := tx.t.index[uniqueKey]
-	if !ok {
-		return "", false
-	}
-	if _, changed := tx.staged[k]; changed {
-		// Changed in this transaction and no longer holding it (checked above).
-		return "", false
-	}
-	return k, true
+	holder, held := "", false
+	tx.settled(func() *pendingTx[T] {
+		for _, p := range tx.t.pending {
+			for _, item := range p.staged {
+				if item != nil && slices.Contains(tx.t.unique(item), uniqueKey) {
+					return p
+				}
+			}
+		}
+		k, ok := tx.t.index[uniqueKey]
+		if !ok {
+			return nil
+		}
+		if p := tx.t.pending[k]; p != nil {
+			return p
+		}
+		if _, changed := tx.staged[k]; changed {
+			// Changed in this transaction and no longer holding it (checked above).
+			return nil
+		}
+		holder, held = k, true
+		return nil
+	})
+	return holder, held
 }
 
 // Put stages a record. A unique key held by another record is ErrExists.
@@ -298,13 +376,21 @@ func (tx *Tx[T]) Put(item *T) error {
 			return fmt.Errorf("%q is held by %s %s: %w", u, tx.t.what, holder, ErrExists)
 		}
 	}
+	tx.awaitRecord(k)
 	tx.staged[k] = tx.t.clone(item)
 	return nil
 }
 
 // Delete stages the removal of a record.
 func (tx *Tx[T]) Delete(key string) {
+	tx.awaitRecord(key)
 	tx.staged[key] = nil
+}
+
+// awaitRecord waits until no other transaction is writing the record: changes to one record
+// reach the disk, and the mirror, in the order they were made.
+func (tx *Tx[T]) awaitRecord(key string) {
+	tx.settled(func() *pendingTx[T] { return tx.t.pending[key] })
 }
 
 // List returns the records as this transaction sees them.
@@ -317,13 +403,17 @@ func (tx *Tx[T]) List() []*T {
 			out = append(out, tx.t.clone(item))
 		}
 	}
-	tx.t.mu.RLock()
-	for k, item := range tx.t.items {
-		if !seen[k] {
-			out = append(out, tx.t.clone(item))
+	tx.settled(func() *pendingTx[T] {
+		for _, p := range tx.t.pending {
+			return p
 		}
-	}
-	tx.t.mu.RUnlock()
+		for k, item := range tx.t.items {
+			if !seen[k] {
+				out = append(out, tx.t.clone(item))
+			}
+		}
+		return nil
+	})
 	slices.SortFunc(out, func(a, b *T) int { return strings.Compare(tx.t.key(a), tx.t.key(b)) })
 	return out
 }
