@@ -1,8 +1,10 @@
 package cocoon
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -10,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/waittime"
 )
@@ -428,5 +432,38 @@ func TestCallsAreWaits(t *testing.T) {
 	}
 	if waited := account.Close(); waited < 100*time.Millisecond {
 		t.Fatalf("a cocoon call of at least 100 ms: waited %v", waited)
+	}
+}
+
+// What feeds cocoon's stdin arrives whole, through a pipe enlarged to take a large write at once.
+func TestStdinGoesInLargeWrites(t *testing.T) {
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	data := bytes.Repeat([]byte("cocoon"), 1<<19) // 3 MiB
+	done := make(chan error, 1)
+	go func() {
+		_, err := largeWrites{bytes.NewReader(data)}.WriteTo(pw)
+		pw.Close()
+		done <- err
+	}()
+	got, err := io.ReadAll(pr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatalf("%d bytes arrived of %d, or changed", len(got), len(data))
+	}
+	size, err := unix.FcntlInt(pr.Fd(), unix.F_GETPIPE_SZ, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if size < stdinPipeSize {
+		t.Fatalf("the pipe holds %d bytes, want at least %d", size, stdinPipeSize)
 	}
 }
