@@ -31,6 +31,9 @@ type Capabilities struct {
 	DiskAttach bool
 	// DeviceAttach: vm device attach hot-adds a PCI device bound to vfio-pci to a running VM (v0.5).
 	DeviceAttach bool
+	// FsAttach: vm create/run take --shared-memory and vm fs attach hot-adds a vhost-user-fs share
+	// (a virtiofsd socket) to a running VM created with it (v0.5).
+	FsAttach bool
 }
 
 // Capabilities probes the binary once and caches the answer, shared by every client of that
@@ -138,6 +141,17 @@ func probe(ctx context.Context, c *Client) (Capabilities, error) {
 		return Capabilities{}, err
 	}
 	caps.DeviceAttach = strings.Contains(device, "cocoon vm device attach") && hasFlag(device, "pci") && hasFlag(device, "id")
+	fs, err := help("vm", "fs", "attach")
+	if err != nil {
+		return Capabilities{}, err
+	}
+	if strings.Contains(fs, "cocoon vm fs attach") && hasFlag(fs, "socket") && hasFlag(fs, "tag") {
+		create, err := help("vm", "create")
+		if err != nil {
+			return Capabilities{}, err
+		}
+		caps.FsAttach = hasFlag(create, "shared-memory")
+	}
 	return caps, nil
 }
 

@@ -36,6 +36,13 @@ const (
 		"  -o, --output string     output format\n      --path string       absolute path to an existing raw disk file\n      --readonly          attach read-only\n"
 	deviceAttachHelp = "Attach a VFIO PCI device to a running VM\n\nUsage:\n  cocoon vm device attach VM [flags]\n\nFlags:\n" +
 		"      --id string       optional device id\n  -o, --output string   output format\n      --pci string      BDF (01:00.0 / 0000:01:00.0) or sysfs path\n"
+	fsAttachHelp = "Attach a vhost-user-fs device to a running VM\n\nUsage:\n  cocoon vm fs attach VM [flags]\n\nFlags:\n" +
+		"  -h, --help             help for attach\n      --num-queues int   request queues (0 = default 1)\n  -o, --output string    output format\n" +
+		"      --queue-size int   queue depth (0 = default 1024)\n      --socket string    absolute path to a virtiofsd unix socket (required)\n" +
+		"      --tag string       guest mount tag (required; also detach key)\n"
+	createHelpV05 = "Create a VM from an image\n\nUsage:\n  cocoon vm create [flags] IMAGE\n\nFlags:\n" +
+		"      --fc                 use Firecracker backend\n      --name string        VM name\n" +
+		"      --shared-memory      enable CH memory shared=on; required to attach vhost-user-fs later\n"
 	reseedHelp = "Force a CRNG reseed inside the guest\n\nUsage:\n  cocoon vm reseed VM [flags]\n\nFlags:\n  -h, --help         help for reseed\n      --machine-id   also regenerate /etc/machine-id\n"
 )
 
@@ -53,6 +60,7 @@ func v038Probe() []response {
 		{match: "vm reseed --help", stdout: vmHelp},
 		{match: "vm disk attach --help", stdout: vmHelp},
 		{match: "vm device attach --help", stdout: vmHelp},
+		{match: "vm fs attach --help", stdout: vmHelp},
 	}
 }
 
@@ -64,6 +72,8 @@ func v05Probe() []response {
 		{match: "vm reseed --help", stdout: reseedHelp},
 		{match: "vm disk attach --help", stdout: diskAttachHelp},
 		{match: "vm device attach --help", stdout: deviceAttachHelp},
+		{match: "vm fs attach --help", stdout: fsAttachHelp},
+		{match: "vm create --help", stdout: createHelpV05},
 	}
 }
 
@@ -75,14 +85,14 @@ func TestCapabilitiesReadTheBinarysHelp(t *testing.T) {
 		t.Fatalf("v0.3.8: %+v %v, want %+v", caps, err, want)
 	}
 	current, dir := fakeCocoon(t, v05Probe()...)
-	want = Capabilities{Version: "v0.5.1", Exec: true, CloneRestoreMode: true, ReseedMachineID: true, DiskAttach: true, DeviceAttach: true}
+	want = Capabilities{Version: "v0.5.1", Exec: true, CloneRestoreMode: true, ReseedMachineID: true, DiskAttach: true, DeviceAttach: true, FsAttach: true}
 	for range 3 {
 		if caps, err = current.Capabilities(context.Background()); err != nil || caps != want {
 			t.Fatalf("v0.5: %+v %v, want %+v", caps, err, want)
 		}
 	}
-	if n := len(calls(t, dir)); n != 6 {
-		t.Fatalf("%d calls for three probes, want one probe of six calls per binary", n)
+	if n := len(calls(t, dir)); n != 8 {
+		t.Fatalf("%d calls for three probes, want one probe of eight calls per binary", n)
 	}
 }
 

@@ -318,6 +318,36 @@ func TestCreatePassesEveryFlagExplicitly(t *testing.T) {
 	}
 }
 
+// A VM for vhost-user-fs shares is created with --shared-memory; shares are attached and
+// detached by tag, the VM last, as cocoon v0.5's vm fs takes them.
+func TestSharedMemoryAndFsAttachArgs(t *testing.T) {
+	c, dir := fakeCocoon(t,
+		response{match: "vm create", stdout: strings.ReplaceAll(strings.ReplaceAll(vmJSON, "%PID%", "0"), `"running"`, `"created"`)},
+		response{match: "vm fs attach"},
+		response{match: "vm fs detach"},
+	)
+	if _, err := c.VMCreate(context.Background(), "img", CreateOptions{Name: "vm1", CPU: 1, Memory: 1 << 30, Storage: 10 << 30, SharedMemory: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.VMFsAttach(context.Background(), "vm1", "/run/vfs/data.sock", "data"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.VMFsDetach(context.Background(), "vm1", "data"); err != nil {
+		t.Fatal(err)
+	}
+	got := calls(t, dir)
+	want := []string{
+		"vm create --name vm1 --cpu 1 --memory 1073741824 --storage 10737418240 --nics 0 --shared-memory -o json img",
+		"vm fs attach --socket /run/vfs/data.sock --tag data vm1",
+		"vm fs detach --tag data vm1",
+	}
+	for i, w := range want {
+		if i >= len(got) || !strings.HasSuffix(got[i], " "+w) {
+			t.Fatalf("argv %q\nwant suffixes %q", got, want)
+		}
+	}
+}
+
 func TestStopPassesTimeoutInWholeSeconds(t *testing.T) {
 	c, dir := fakeCocoon(t, response{match: "vm stop"})
 	if err := c.VMStop(context.Background(), "ID1", StopOptions{Timeout: 1500 * time.Millisecond}); err != nil {

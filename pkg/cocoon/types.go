@@ -45,6 +45,9 @@ type Config struct {
 	Network       string `json:"network,omitempty"`
 	NoDirectIO    bool   `json:"no_direct_io,omitempty"`
 	Windows       bool   `json:"windows,omitempty"`
+	// SharedMemory: the VM's RAM is shared (cloud-hypervisor memory shared=on), which vm fs attach
+	// needs; fixed at create, inherited by snapshots and clones (v0.5, --shared-memory).
+	SharedMemory bool `json:"shared_memory,omitempty"`
 }
 
 // VMConfig is a VM's configuration.

@@ -22,6 +22,9 @@ type CreateOptions struct {
 	Windows    bool
 	// Firecracker runs the VM under Firecracker instead of cloud-hypervisor (OCI images only).
 	Firecracker bool
+	// SharedMemory shares the VM's RAM (cloud-hypervisor memory shared=on), which vm fs attach
+	// needs; only where Capabilities.FsAttach (v0.5), and not with Firecracker.
+	SharedMemory bool
 }
 
 func (o CreateOptions) args() []string {
@@ -35,6 +38,7 @@ func (o CreateOptions) args() []string {
 	args = appendIf(args, o.NoDirectIO, "--no-direct-io")
 	args = appendIf(args, o.Windows, "--windows")
 	args = appendIf(args, o.Firecracker, "--fc")
+	args = appendIf(args, o.SharedMemory, "--shared-memory")
 	return args
 }
 
@@ -185,6 +189,20 @@ func (c *Client) VMDiskAttach(ctx context.Context, id, path, name string, readon
 // cloud-hypervisor VM as device id. It stays until the VM stops.
 func (c *Client) VMDeviceAttach(ctx context.Context, vm, bdf, id string) error {
 	_, err := c.run(ctx, call{args: []string{"vm", "device", "attach", "--pci", bdf, "--id", id, vm}})
+	return err
+}
+
+// VMFsAttach hot-adds a vhost-user-fs share, served by the virtiofsd listening on socket (an
+// absolute path), to a running cloud-hypervisor VM created with SharedMemory; the guest mounts it
+// with mount -t virtiofs <tag> <dir>. It stays until detached or the VM stops.
+func (c *Client) VMFsAttach(ctx context.Context, vm, socket, tag string) error {
+	_, err := c.run(ctx, call{args: []string{"vm", "fs", "attach", "--socket", socket, "--tag", tag, vm}})
+	return err
+}
+
+// VMFsDetach removes the share attached with tag from a running VM.
+func (c *Client) VMFsDetach(ctx context.Context, vm, tag string) error {
+	_, err := c.run(ctx, call{args: []string{"vm", "fs", "detach", "--tag", tag, vm}})
 	return err
 }
 

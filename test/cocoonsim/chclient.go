@@ -179,6 +179,30 @@ func (c *chClient) addDevice(ctx context.Context, dev guest.Device) (string, err
 	return info.ID, nil
 }
 
+// addFs hot-adds a vhost-user-fs device and returns the ID cloud-hypervisor gave it (empty when
+// it answered 204). Sent once, as cocoon does: vm.add-fs is not idempotent.
+func (c *chClient) addFs(ctx context.Context, f guest.Fs) (string, error) {
+	payload, err := json.Marshal(f)
+	if err != nil {
+		return "", fmt.Errorf("marshal vm.add-fs request: %w", err)
+	}
+	body, err := c.do(ctx, http.MethodPut, "vm.add-fs", payload, http.StatusOK)
+	var apiErr *chAPIError
+	if errors.As(err, &apiErr) && apiErr.Code == http.StatusNoContent {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	var info struct {
+		ID string `json:"id"`
+	}
+	if err := json.Unmarshal(body, &info); err != nil {
+		return "", fmt.Errorf("decode vm.add-fs answer: %w", err)
+	}
+	return info.ID, nil
+}
+
 func (c *chClient) removeDevice(ctx context.Context, id string) error {
 	return c.action(ctx, "vm.remove-device", map[string]string{"id": id})
 }

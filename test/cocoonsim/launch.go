@@ -28,7 +28,7 @@ const (
 func (b *backend) buildVMConfig(rec *vmRecord) *guest.VMConfig {
 	cfg := &guest.VMConfig{
 		CPUs:     guest.CPUs{BootVCPUs: rec.Config.CPU, MaxVCPUs: runtime.NumCPU(), KVMHyperV: rec.Config.Windows},
-		Memory:   guest.Memory{Size: rec.Config.Memory},
+		Memory:   guest.Memory{Size: rec.Config.Memory, Shared: rec.Config.SharedMemory},
 		RNG:      guest.RNG{Src: "/dev/urandom"},
 		Watchdog: true,
 	}

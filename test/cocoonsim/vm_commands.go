@@ -11,11 +11,11 @@ func (a *app) vmCommand() *cobra.Command {
 	vmCmd := &cobra.Command{Use: "vm", Short: "Manage virtual machines"}
 
 	createCmd := &cobra.Command{Use: "create [flags] IMAGE", Short: "Create a VM from an image", Args: cobra.ExactArgs(1), RunE: a.vmCreate}
-	addVMFlags(createCmd)
+	addVMFlags(createCmd, a.profile)
 	addOutputFlag(createCmd)
 
 	runCmd := &cobra.Command{Use: "run [flags] IMAGE", Short: "Create and start a VM from an image", Args: cobra.ExactArgs(1), RunE: a.vmRun}
-	addVMFlags(runCmd)
+	addVMFlags(runCmd, a.profile)
 	addOutputFlag(runCmd)
 
 	cloneCmd := &cobra.Command{Use: "clone [flags] SNAPSHOT", Short: "Clone a new VM from a snapshot", Args: cobra.ExactArgs(1), RunE: a.vmClone}
@@ -50,7 +50,7 @@ func (a *app) vmCommand() *cobra.Command {
 	addOutputFlag(restoreCmd)
 
 	debugCmd := &cobra.Command{Use: "debug [flags] IMAGE", Short: "Generate hypervisor launch command (dry run)", Args: cobra.ExactArgs(1), RunE: notSimulated("vm debug")}
-	addVMFlags(debugCmd)
+	addVMFlags(debugCmd, a.profile)
 	debugCmd.Flags().Int("max-cpu", 8, "max CPUs")
 	debugCmd.Flags().Int("balloon", 0, "balloon size in MB")
 	debugCmd.Flags().String("cow", "", "COW disk path")
@@ -71,10 +71,13 @@ func (a *app) vmCommand() *cobra.Command {
 	if a.profile.Agent {
 		vmCmd.AddCommand(a.execCommand(), a.reseedCommand(), a.diskCommand(), a.deviceCommand())
 	}
+	if a.profile.VhostUserFs {
+		vmCmd.AddCommand(a.fsCommand())
+	}
 	return vmCmd
 }
 
-func addVMFlags(cmd *cobra.Command) {
+func addVMFlags(cmd *cobra.Command, p release.Profile) {
 	f := cmd.Flags()
 	f.Bool("fc", false, "use Firecracker backend instead of Cloud Hypervisor (OCI images only)")
 	f.String("name", "", "VM name")
@@ -90,6 +93,9 @@ func addVMFlags(cmd *cobra.Command) {
 	f.String("password", "cocoon", "guest password for cloud-init (cloudimg only)")
 	f.Bool("no-direct-io", false, "disable O_DIRECT on writable disks (use page cache instead; CH only)")
 	f.Bool("windows", false, "Windows guest (UEFI boot, kvm_hyperv=on, no cidata)")
+	if p.VhostUserFs {
+		f.Bool("shared-memory", false, "enable CH memory shared=on; required to attach vhost-user-fs later (CH only, fixed for VM lifetime)")
+	}
 	f.StringArray("data-disk", nil, "extra data disk: size=20G[,name=...][,fstype=ext4|none][,mount=/mnt/x][,directio=on|off|auto]; repeatable")
 }
 

@@ -71,6 +71,9 @@ func (a *app) createVM(cmd *cobra.Command, image string) (*cocoon.VM, *backend, 
 	if useFC && spec.Windows {
 		return nil, nil, fmt.Errorf("--fc and --windows are mutually exclusive: Firecracker does not support Windows guests")
 	}
+	if useFC && spec.SharedMemory {
+		return nil, nil, fmt.Errorf("--fc and --shared-memory are mutually exclusive: Firecracker does not support vhost-user-fs hot-plug")
+	}
 	bridgeDev, _ := cmd.Flags().GetString("bridge")
 	if bridgeDev != "" && spec.Network != "" {
 		return nil, nil, fmt.Errorf("--bridge and --network are mutually exclusive")

@@ -47,8 +47,9 @@ func (a *app) diskCommand() *cobra.Command {
 
 // attachedDevices is inspect's attached_devices.
 type attachedDevices struct {
-	Disks   []attachedDisk      `json:"disks,omitempty"`
+	Fs      []attachedFs        `json:"fs,omitempty"`
 	Devices []attachedPCIDevice `json:"devices,omitempty"`
+	Disks   []attachedDisk      `json:"disks,omitempty"`
 }
 
 // attachedDisk is a hot-attached disk as `vm inspect` lists it under attached_devices.disks.

@@ -71,8 +71,8 @@ func (a *app) vmInspect(cmd *cobra.Command, args []string) error {
 		*cocoon.VM
 		AttachedDevices *attachedDevices `json:"attached_devices,omitempty"`
 	}{VM: vm}
-	attached := attachedDevices{Disks: attachedDisks(cmd.Context(), vm), Devices: attachedPCIDevices(cmd.Context(), vm)}
-	if len(attached.Disks)+len(attached.Devices) > 0 {
+	attached := attachedDevices{Fs: attachedFsDevices(cmd.Context(), vm), Devices: attachedPCIDevices(cmd.Context(), vm), Disks: attachedDisks(cmd.Context(), vm)}
+	if len(attached.Fs)+len(attached.Devices)+len(attached.Disks) > 0 {
 		out.AttachedDevices = &attached
 	}
 	return outputJSON(cmd.OutOrStdout(), out)

@@ -53,12 +53,12 @@ func (b *backend) snapshot(ctx context.Context, ref string) (*cocoon.SnapshotCon
 	pause, resume, capture := b.snapshotOps(rec.RunDir, tmpDir)
 	if err := b.withRunningVM(ctx, &rec, func(int) error {
 		if b.kind == kindCH {
-			// cocoon v0.5 refuses a snapshot that would not restore: a hot-attached disk is not
+			// cocoon v0.5 refuses a snapshot that would not restore: what was hot-attached is not
 			// part of the VM's configuration.
 			vm := b.toVM(&rec)
 			vm.State = cocoon.VMStateRunning
-			if disks := attachedDisks(ctx, vm); len(disks) > 0 {
-				return fmt.Errorf("hot-attached disk %q: detach before snapshot or hibernate", disks[0].Name)
+			if err := hotAttachedError(ctx, vm); err != nil {
+				return err
 			}
 		}
 		if err := pause(ctx); err != nil {
@@ -201,4 +201,20 @@ func parseCHConfig(path string) (*guest.VMConfig, []byte, error) {
 		return nil, nil, fmt.Errorf("decode %s: %w", path, err)
 	}
 	return &cfg, data, nil
+}
+
+// hotAttachedError is cocoon's refusal to snapshot a VM with hot-attached devices, in its order:
+// vhost-user-fs shares, then passed-through PCI devices, then disks.
+func hotAttachedError(ctx context.Context, vm *cocoon.VM) error {
+	const detach = "detach before snapshot or hibernate"
+	if fs := attachedFsDevices(ctx, vm); len(fs) > 0 {
+		return fmt.Errorf("hot-attached vhost-user-fs %q: %s", fs[0].Tag, detach)
+	}
+	if devs := attachedPCIDevices(ctx, vm); len(devs) > 0 {
+		return fmt.Errorf("hot-attached device %q: %s", guest.SysfsPCIPrefix+devs[0].BDF, detach)
+	}
+	if disks := attachedDisks(ctx, vm); len(disks) > 0 {
+		return fmt.Errorf("hot-attached disk %q: %s", disks[0].Name, detach)
+	}
+	return nil
 }

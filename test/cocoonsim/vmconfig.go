@@ -68,6 +68,7 @@ func vmSpecFromFlags(cmd *cobra.Command, image string) (*vmSpec, error) {
 	password, _ := f.GetString("password")
 	noDirectIO, _ := f.GetBool("no-direct-io")
 	windows, _ := f.GetBool("windows")
+	sharedMemory, _ := f.GetBool("shared-memory") // false where the release has no such flag
 	dataDiskRaw, _ := f.GetStringArray("data-disk")
 
 	if name == "" {
@@ -88,7 +89,7 @@ func vmSpecFromFlags(cmd *cobra.Command, image string) (*vmSpec, error) {
 	spec := &vmSpec{
 		VMConfig: cocoon.VMConfig{Name: name, Config: cocoon.Config{
 			CPU: cpu, Memory: memBytes, Storage: storBytes, QueueSize: queueSize, DiskQueueSize: diskQueueSize,
-			Image: image, Network: network, NoDirectIO: noDirectIO, Windows: windows,
+			Image: image, Network: network, NoDirectIO: noDirectIO, Windows: windows, SharedMemory: sharedMemory,
 		}},
 		User: user, Password: password, DataDisks: dataDisks,
 	}
@@ -132,7 +133,7 @@ func cloneSpecFromFlags(cmd *cobra.Command, snap *cocoon.SnapshotConfig) (*vmSpe
 		VMConfig: cocoon.VMConfig{Name: name, Config: cocoon.Config{
 			CPU: cpu, Memory: memBytes, Storage: storBytes, QueueSize: queueSize, DiskQueueSize: diskQueueSize,
 			Image: snap.Image, ImageDigest: snap.ImageDigest, ImageType: snap.ImageType,
-			Network: network, NoDirectIO: noDirectIO, Windows: snap.Windows,
+			Network: network, NoDirectIO: noDirectIO, Windows: snap.Windows, SharedMemory: snap.SharedMemory,
 		}},
 		OnDemand: onDemand,
 	}

@@ -35,6 +35,7 @@ func (v *vmm) routes() http.Handler {
 	mux.HandleFunc("PUT /api/v1/vm.add-disk", v.handleAddDisk)
 	mux.HandleFunc("PUT /api/v1/vm.add-net", v.handleAddNet)
 	mux.HandleFunc("PUT /api/v1/vm.add-device", v.handleAddDevice)
+	mux.HandleFunc("PUT /api/v1/vm.add-fs", v.handleAddFs)
 	mux.HandleFunc("PUT /api/v1/vm.remove-device", v.handleRemoveDevice)
 	return mux
 }
@@ -423,8 +424,8 @@ func (v *vmm) handleAddNet(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, map[string]string{"id": n.ID, "bdf": fmt.Sprintf("0000:00:%02x.0", 0x10+len(v.cfg.Disks)+len(v.cfg.Nets))})
 }
 
-// handleRemoveDevice unplugs a NIC (closing its TAP, and taking it from the guest), a disk or a
-// passed-through PCI device.
+// handleRemoveDevice unplugs a NIC (closing its TAP, and taking it from the guest), a disk, a
+// passed-through PCI device or a virtio-fs device.
 func (v *vmm) handleRemoveDevice(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		ID string `json:"id"`
@@ -463,6 +464,8 @@ func (v *vmm) handleRemoveDevice(w http.ResponseWriter, r *http.Request) {
 		v.cfg.Disks = slices.DeleteFunc(v.cfg.Disks, isDisk)
 	case slices.ContainsFunc(v.cfg.Devices, func(d Device) bool { return d.ID == req.ID }):
 		v.removeVFIODevice(req.ID)
+	case slices.ContainsFunc(v.cfg.Fs, func(f Fs) bool { return f.ID == req.ID }):
+		v.removeFs(req.ID)
 	default:
 		apiError(w, "vm.remove-device: no device with id %q", req.ID)
 		return

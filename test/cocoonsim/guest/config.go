@@ -18,6 +18,7 @@ type VMConfig struct {
 	Memory   Memory       `json:"memory"`
 	Disks    []Disk       `json:"disks,omitempty"`
 	Nets     []Net        `json:"net,omitempty"`
+	Fs       []Fs         `json:"fs,omitempty"`
 	Devices  []Device     `json:"devices,omitempty"`
 	RNG      RNG          `json:"rng"`
 	Watchdog bool         `json:"watchdog"`
@@ -42,6 +43,8 @@ type CPUs struct {
 type Memory struct {
 	Size      int64 `json:"size"`
 	HugePages bool  `json:"hugepages,omitempty"`
+	// Shared maps guest RAM MAP_SHARED, which vhost-user devices (virtio-fs) need.
+	Shared bool `json:"shared,omitempty"`
 }
 
 // Disk is one virtio-blk device.
@@ -112,6 +115,9 @@ func (cfg *VMConfig) Args(apiSocket string) []string {
 	mem := fmt.Sprintf("size=%d", cfg.Memory.Size)
 	if cfg.Memory.HugePages {
 		mem += ",hugepages=on"
+	}
+	if cfg.Memory.Shared {
+		mem += ",shared=on"
 	}
 	args = append(args, "--memory", mem)
 	if len(cfg.Disks) > 0 {
@@ -213,6 +219,8 @@ func (cfg *VMConfig) apply(flag string, values []string, apiSocket *string) erro
 				return atoi64(v, &cfg.Memory.Size)
 			case "hugepages":
 				cfg.Memory.HugePages = v == "on"
+			case "shared":
+				cfg.Memory.Shared = v == "on"
 			}
 			return nil
 		})

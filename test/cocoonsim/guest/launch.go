@@ -112,6 +112,9 @@ func Launch(opts LaunchOptions) (int, error) {
 // Main runs the shim or the hypervisor when this process was started by Launch. It reports
 // handled=false for any other process, which then goes on to be the cocoon CLI.
 func Main() (handled bool, exitCode int) {
+	if sock := os.Getenv(fsMountHelperEnv); sock != "" {
+		return true, runFsMountHelper(sock, os.Args[1:])
+	}
 	switch os.Getenv(roleEnv) {
 	case roleShim:
 		return true, runShim(os.Args[1:])

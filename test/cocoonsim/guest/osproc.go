@@ -59,6 +59,9 @@ func bootGuestServices(vsockDev *os.File) error {
 	if err := setupMounts(plan); err != nil {
 		return err
 	}
+	if err := writeFsMountHelper(plan.RunDir); err != nil {
+		return err
+	}
 	// exec.Command looks commands up in this PATH, as cocoon-agent does in its own.
 	if err := os.Setenv("PATH", guestPATH); err != nil {
 		return err

@@ -47,11 +47,13 @@ type vmm struct {
 	restoredNet       guestNetwork
 	restoredMachineID string
 	console           *console
-	nics              map[string]*nic     // open virtio-net devices by ID
-	os                guestOS             // nil while no guest runs
-	diskDevs          map[string]string   // guest device names of hot-plugged disks, by device ID
-	vfioGroups        map[string]*os.File // IOMMU groups held for passed-through devices, by group
-	load              *guestLoad          // what the running guest costs the process; nil with none or a real kernel
+	nics              map[string]*nic      // open virtio-net devices by ID
+	os                guestOS              // nil while no guest runs
+	diskDevs          map[string]string    // guest device names of hot-plugged disks, by device ID
+	vfioGroups        map[string]*os.File  // IOMMU groups held for passed-through devices, by group
+	fsDevs            map[string]*fsDevice // virtio-fs devices by ID
+	fsMounts          *net.UnixListener    // where the guest asks to mount a virtio-fs tag; nil until a device is added
+	load              *guestLoad           // what the running guest costs the process; nil with none or a real kernel
 }
 
 // runVMM is the hypervisor process: it parses cloud-hypervisor arguments, boots the VM when they
@@ -178,6 +180,7 @@ func (v *vmm) stopGuest() {
 		v.os, v.diskDevs = nil, nil
 	}
 	v.closeVFIOGroups()
+	v.closeFsDevices()
 	if v.load != nil {
 		v.load.close()
 		v.load = nil

@@ -34,11 +34,14 @@ type Profile struct {
 	// StatusOnce: vm status without --event or --watch prints the table once and exits (v0.5);
 	// v0.3.8's always watches.
 	StatusOnce bool
+	// VhostUserFs: vm create/run take --shared-memory (guest RAM shared=on, kept in the record and
+	// its snapshots) and the CLI has vm fs attach|detach for vhost-user-fs shares (v0.5).
+	VhostUserFs bool
 }
 
 var profiles = map[string]Profile{
 	"0.3.8": {Version: "v0.3.8", CloneResizes: true},
-	"0.5.1": {Version: "v0.5.1", RestoreMode: true, Agent: true, ListJSONReconciled: true, StatusOnce: true},
+	"0.5.1": {Version: "v0.5.1", RestoreMode: true, Agent: true, ListJSONReconciled: true, StatusOnce: true, VhostUserFs: true},
 }
 
 // Current is the profile Env names.
