@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what the real-guest tests (test/realguest, test/cocoonsim/qemu) boot with, only when
 # something is missing, so a repeat run costs a few milliseconds:
-#   - qemu-system-x86_64 (TCG: this host cannot run nested KVM guests),
+#   - qemu-system-x86_64 (TCG: this host cannot run nested KVM guests), and with it
+#     /usr/lib/qemu/virtiofsd, which serves the virtio-fs shares of the simulator's and the
+#     end-to-end tests (cocoon-cri's --virtiofsd default),
 #   - a static busybox for the guest's initramfs,
 #   - a Debian cloud kernel and its modules, unpacked under $REALGUEST_ROOT.
 #
@@ -25,6 +27,8 @@ missing=()
 for cmd in "${!needs[@]}"; do
   command -v "$cmd" >/dev/null 2>&1 || missing+=("${needs[$cmd]}")
 done
+# Not on PATH: qemu-system-common's, a dependency of qemu-system-x86.
+[ -x /usr/lib/qemu/virtiofsd ] || missing+=(qemu-system-common)
 # busybox must be the static build: the initramfs has no libc. The dynamic "busybox" package
 # also provides /bin/busybox, so ask dpkg rather than look for the file.
 if [ "$(dpkg-query -W -f='${Status}' busybox-static 2>/dev/null)" != "install ok installed" ]; then

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"syscall"
@@ -119,6 +120,8 @@ func runDaemon(parent context.Context, o *options) error {
 		VolumeMaxBytes:      volumeMaxBytes.Value(),
 		AllowedNetworks:     o.allowedNetworks,
 		Sysfs:               vfio.Sysfs(o.sysfsDir),
+		Virtiofsd:           findVirtiofsd(o.virtiofsd, log),
+		ShareDir:            filepath.Join(o.stateDir, "shares"),
 	}, log, st, cc, nets, images)
 	defer vms.Shutdown()
 
@@ -210,4 +213,18 @@ func stopMetrics(ep *metrics.Endpoint, log *slog.Logger) {
 	if err := ep.Shutdown(ctx); err != nil {
 		log.Warn("stopping the metrics server", "err", err)
 	}
+}
+
+// findVirtiofsd is the virtiofsd to share volumes with, or "" when none is set or installed:
+// volumes are then copied into guests.
+func findVirtiofsd(path string, log *slog.Logger) string {
+	if path == "" {
+		return ""
+	}
+	found, err := exec.LookPath(path)
+	if err != nil {
+		log.Info("no virtiofsd: containers' volumes are copied into their guests", "virtiofsd", path, "err", err)
+		return ""
+	}
+	return found
 }

@@ -34,6 +34,7 @@ type options struct {
 	cocoonTimeout       time.Duration
 	netnsDir            string
 	sysfsDir            string
+	virtiofsd           string
 	cniConfDir          string
 	cniBinDirs          []string
 	serveDefaultHandler bool
@@ -68,6 +69,7 @@ func defaultOptions() *options {
 		cocoonTimeout:     2 * time.Minute,
 		netnsDir:          "/var/run/netns",
 		sysfsDir:          "/sys",
+		virtiofsd:         "/usr/lib/qemu/virtiofsd",
 		cniConfDir:        "/etc/cni/net.d",
 		cniBinDirs:        []string{"/opt/cni/bin"},
 		logLevel:          "info",
@@ -100,6 +102,8 @@ func (o *options) addFlags(cmd *cobra.Command) {
 	d.DurationVar(&o.cocoonTimeout, "cocoon-timeout", o.cocoonTimeout, "longest a cocoon command may run (imports have none: they end with the request)")
 	d.StringVar(&o.netnsDir, "netns-dir", o.netnsDir, "directory of the pod network namespaces")
 	d.StringVar(&o.sysfsDir, "sysfs-dir", o.sysfsDir, "the node's sysfs, where the PCI devices of a container's VFIO groups are found")
+	d.StringVar(&o.virtiofsd, "virtiofsd", o.virtiofsd,
+		"virtiofsd executable that shares a container's directory volumes with its guest where the VM can take virtio-fs (empty, or not installed: volumes are copied in)")
 	d.StringVar(&o.cniConfDir, "cni-conf-dir", o.cniConfDir, "the cluster's CNI configuration; pods join the first network by file name")
 	d.StringSliceVar(&o.cniBinDirs, "cni-bin-dir", o.cniBinDirs, "directories of the cluster's CNI plugins (repeat or separate with commas)")
 	d.BoolVar(&o.serveDefaultHandler, "serve-default-handler", o.serveDefaultHandler,

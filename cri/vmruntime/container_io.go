@@ -82,6 +82,11 @@ func (s *Server) runGuest(ctx context.Context, sb *store.Sandbox, c *store.Conta
 			"container", c.ID)
 	}
 	volumes := containerVolumes(c.Config.Msg, takesCopies)
+	if takesCopies && s.canShare(ctx, c) {
+		if shared, copied := splitShared(volumes); len(shared) > 0 && s.shareVolumes(ctx, sb, c, shared) == nil {
+			volumes = copied
+		}
+	}
 	err := s.linkDevices(ctx, sb, c)
 	if err == nil {
 		err = s.deliverVolumes(ctx, sb, c, volumes)

@@ -51,6 +51,9 @@ func (s *Server) removeContainer(ctx context.Context, sb *store.Sandbox, c *stor
 	if err := s.removeCgroup(ctx, sb, c, "", cgroupRemoveWait); err != nil {
 		return err
 	}
+	if err := s.releaseShare(c); err != nil {
+		return err
+	}
 	if err := s.store.Containers.Delete(c.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
 		return fmt.Errorf("delete container record: %w", err)
 	}

@@ -80,6 +80,7 @@ func (s *Server) StartContainer(ctx context.Context, req *runtimeapi.StartContai
 		r.State, r.StartedAt = store.ContainerRunning, s.now()
 		r.VM.ID, r.VM.PID, r.VM.NetNS, r.VM.APISocket = vm.ID, vm.PID, vmNetNS(vm), vm.SocketPath
 		r.VM.PIDStart, r.VM.COWPath = pidStart, vmCOWPath(vm)
+		r.VM.SharedMemory = vm.Config.SharedMemory
 		r.VM.Cgroup, r.VM.CgroupCreated = cgroup, cgroupCreated
 		return nil
 	})
@@ -127,6 +128,7 @@ func (s *Server) makeVM(ctx context.Context, cc *cocoon.Client, c *store.Contain
 		Name: spec.Name, CPU: spec.CPU, Memory: spec.Memory, Storage: spec.Storage,
 		NICs: spec.NICs, Network: tapmanager.CocoonNetwork,
 		NoDirectIO: spec.NoDirectIO, Windows: spec.Windows, Firecracker: spec.Backend == cocoon.HypervisorFirecracker,
+		SharedMemory: s.wantsSharedMemory(ctx, c),
 	})
 	if err != nil {
 		return nil, err

@@ -83,6 +83,11 @@ type Config struct {
 	// Sysfs is where the node's sysfs is read, to find the PCI devices of a VFIO group; empty is
 	// /sys.
 	Sysfs vfio.Sysfs
+	// Virtiofsd is the virtiofsd executable that serves a container's directory volumes to its
+	// guest over virtio-fs, where cocoon and the VM can take a share; empty: volumes are copied in.
+	Virtiofsd string
+	// ShareDir is where the shares' directories and sockets are made (under the state dir).
+	ShareDir string
 }
 
 // Observer is told what the runtime finds outside any RPC: VMs with cocoon-cri's names that no

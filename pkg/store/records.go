@@ -185,6 +185,26 @@ type VM struct {
 	// SSHHostKey is the guest sshd's host key as first seen (authorized_keys format); a different
 	// key later is refused.
 	SSHHostKey string `json:"ssh_host_key,omitempty"`
+	// SharedMemory: the VM's RAM is shared with the host (cocoon --shared-memory, or a snapshot
+	// made with it), so it can take a virtio-fs share.
+	SharedMemory bool `json:"shared_memory,omitempty"`
+	// Share is the virtio-fs share of the container's directory volumes, while it exists.
+	Share Share `json:"share,omitzero"`
+}
+
+// Share is the virtio-fs share a VM's guest mounts the container's directory volumes from: a
+// directory holding one bind mount of each volume, served by a virtiofsd of its own. Dir and
+// Socket are recorded before anything is made, so that whatever a crash leaves is found again.
+type Share struct {
+	Dir    string `json:"dir,omitempty"`
+	Socket string `json:"socket,omitempty"`
+	// Volumes is how many bind mounts Dir holds, named 0, 1, ...
+	Volumes int `json:"volumes,omitempty"`
+	// PID and PIDStart name the virtiofsd process.
+	PID      int    `json:"pid,omitempty"`
+	PIDStart uint64 `json:"pid_start,omitempty"`
+	// Attached: cocoon attached the share to the VM.
+	Attached bool `json:"attached,omitempty"`
 }
 
 func (c *Container) key() string          { return c.ID }

@@ -254,6 +254,14 @@ func TestFiftyPodsInParallel(t *testing.T) {
 
 // eventStreams lists the PIDs of cocoon vm status processes running on this node's cocoon dirs.
 func (n *node) eventStreams() []int {
+	return processesWhose(func(args string) bool {
+		return strings.Contains(args, n.rootDir+"\x00") && strings.Contains(args, "\x00status\x00--event")
+	})
+}
+
+// processesWhose lists the PIDs of the live processes whose command line (arguments joined by
+// NULs) matches.
+func processesWhose(match func(cmdline string) bool) []int {
 	var pids []int
 	procs, _ := os.ReadDir("/proc")
 	for _, p := range procs {
@@ -262,8 +270,7 @@ func (n *node) eventStreams() []int {
 			continue
 		}
 		cmdline, _ := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
-		args := string(cmdline)
-		if strings.Contains(args, n.rootDir+"\x00") && strings.Contains(args, "\x00status\x00--event") {
+		if match(string(cmdline)) && processAlive(pid) {
 			pids = append(pids, pid)
 		}
 	}

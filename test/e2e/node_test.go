@@ -11,10 +11,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -245,6 +248,18 @@ func (n *node) cleanup() {
 		n.t.Errorf("cocoon-cri reported a data race:\n%s", log)
 	} else if n.t.Failed() {
 		n.t.Logf("cocoon-cri log:\n%s", log)
+	}
+	// A share's binds are undone before the directory goes, or RemoveAll would descend into the
+	// volumes bound there; cocoon-cri undoes them when a container ends, so a test that passed
+	// leaves none.
+	for _, pid := range n.virtiofsds() {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	if mounts := mountsUnder(n.t, n.dir); len(mounts) > 0 {
+		n.t.Logf("undoing mounts left under the node: %v", mounts)
+		for _, m := range slices.Backward(mounts) {
+			_ = unix.Unmount(m, unix.MNT_DETACH)
+		}
 	}
 	if err := os.RemoveAll(n.dir); err != nil {
 		n.t.Errorf("remove node dir: %v", err)

@@ -4,12 +4,15 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/cocoonstack/cocoon-cri/test/testimage"
 )
 
 // TestVolumesReachTheGuest: the kubelet's volumes, which a guest cannot see on the node, are
@@ -219,4 +222,111 @@ func TestVolumeRefusals(t *testing.T) {
 	if st := field(old.inspect("inspect", ctrID), "status", "state"); st != "CONTAINER_RUNNING" {
 		t.Fatalf("a container with only the kubelet's files, on a cocoon with no way into guests: %v", st)
 	}
+}
+
+// TestVolumesAreSharedWithTheGuest: a VM whose memory is shared (a snapshot of a VM created with
+// --shared-memory) gets its directory volumes through a virtio-fs share served by a virtiofsd of
+// its own: a write in the guest reaches the node, a ConfigMap's ..data swap reaches the guest as
+// it happens, a read-only volume refuses writes, and a single file is still copied. The share
+// outlives a restart of cocoon-cri, and goes with the VM: no virtiofsd, bind or directory is left.
+func TestVolumesAreSharedWithTheGuest(t *testing.T) {
+	n := newNode(t)
+	const sharedRef = "e2e/shared:v1"
+	n.importImage(sharedRef, n.snapshotImage("shared", testimage.SnapshotOptions{SharedMemory: true}))
+	configMap := t.TempDir()
+	kubeletAtomicWrite(t, configMap, "..2026_11_26_10_00_00.1", map[string]string{"greeting": "hello"})
+	emptyDir := t.TempDir()
+	hosts := filepath.Join(t.TempDir(), "etc-hosts")
+	if err := os.WriteFile(hosts, []byte("10.1.2.3\tshared-pod\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// No command: the VM's init is the workload, so the VM runs on across a restart of cocoon-cri.
+	_, ctrID, _ := n.runningPodWith("shared", sharedRef, func(cfg *runtimeapi.ContainerConfig) {
+		cfg.Mounts = []*runtimeapi.Mount{
+			{ContainerPath: "/etc/app", HostPath: configMap, Readonly: true},
+			{ContainerPath: "/data", HostPath: emptyDir},
+			{ContainerPath: "/etc/hosts", HostPath: hosts},
+		}
+	})
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		if got, _ := n.crictl("exec", ctrID, "cat", "/etc/app/greeting"); got == "hello" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a minute after the start the guest has no /etc/app/greeting")
+		}
+	}
+	inGuest := func(script string) string {
+		t.Helper()
+		return n.mustCrictl("exec", ctrID, "sh", "-c", script)
+	}
+	// virtiofsd runs as two processes: the one cocoon-cri started, and its sandboxed child.
+	servers := n.virtiofsds()
+	if len(servers) == 0 {
+		t.Fatal("no virtiofsd serves the node's share")
+	}
+	// The node's directory itself: what the guest writes is on the node at once.
+	inGuest("echo from-guest > /data/written")
+	if got, err := os.ReadFile(filepath.Join(emptyDir, "written")); err != nil || string(got) != "from-guest\n" {
+		t.Fatalf("the guest's write on the node: %q, %v", got, err)
+	}
+	if err := os.WriteFile(filepath.Join(emptyDir, "from-node"), []byte("node"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := inGuest("cat /data/from-node"); got != "node" {
+		t.Fatalf("the node's write in the guest: %q", got)
+	}
+	// No copy of the directories in the guest's memory; the single file is still a copy.
+	if got := inGuest("grep -rqs from-guest /run/cocoon-cri/volumes && echo copied; grep shared-pod /etc/hosts"); got != "10.1.2.3\tshared-pod" {
+		t.Fatalf("the guest's copies and /etc/hosts: %q", got)
+	}
+	if out, err := n.crictl("exec", ctrID, "sh", "-c", "echo x > /etc/app/new"); err == nil {
+		t.Fatalf("a read-only volume took a write from the guest: %q", out)
+	}
+	if _, err := os.Stat(filepath.Join(configMap, "new")); err == nil {
+		t.Fatal("a write to a read-only volume reached the node")
+	}
+	swapReaches(t, n, ctrID, configMap, "..2026_11_26_10_01_00.2", "bonjour")
+
+	n.restart()
+	swapReaches(t, n, ctrID, configMap, "..2026_11_26_10_02_00.3", "hola")
+	if after := n.virtiofsds(); !slices.Equal(after, servers) {
+		t.Fatalf("virtiofsd after a restart of cocoon-cri: %v, want the same %v", after, servers)
+	}
+
+	n.mustCrictl("stop", ctrID)
+	if left := n.virtiofsds(); len(left) != 0 {
+		t.Fatalf("virtiofsd left after the container stopped: %v", left)
+	}
+	if mounts := mountsUnder(t, filepath.Join(n.stateDir, "shares")); len(mounts) != 0 {
+		t.Fatalf("the share's binds left after the container stopped: %v", mounts)
+	}
+	if entries, _ := os.ReadDir(filepath.Join(n.stateDir, "shares")); len(entries) != 0 {
+		t.Fatalf("the shares directory holds %d entries after the container stopped", len(entries))
+	}
+	if got, err := os.ReadFile(filepath.Join(emptyDir, "written")); err != nil || string(got) != "from-guest\n" {
+		t.Fatalf("the volume after the share went: %q, %v", got, err)
+	}
+}
+
+// virtiofsds lists the PIDs of the virtiofsd processes serving this node's shares.
+func (n *node) virtiofsds() []int {
+	return processesWhose(func(args string) bool {
+		return strings.Contains(args, "virtiofsd") && strings.Contains(args, n.stateDir+"/shares/")
+	})
+}
+
+// mountsUnder lists the mount points below dir, in the order they were mounted.
+func mountsUnder(t *testing.T, dir string) []string {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for line := range strings.Lines(string(data)) {
+		if fields := strings.Fields(line); len(fields) > 4 && strings.HasPrefix(fields[4], dir+"/") {
+			out = append(out, fields[4])
+		}
+	}
+	return out
 }

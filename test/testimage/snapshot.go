@@ -51,6 +51,9 @@ type SnapshotOptions struct {
 	RootDir string
 	// Guest is the behaviour of VMs cloned from the snapshot.
 	Guest guest.Spec
+	// SharedMemory makes the snapshot of a VM created with --shared-memory (cocoon v0.5): its
+	// clones can take virtio-fs shares.
+	SharedMemory bool
 }
 
 func (o SnapshotOptions) withDefaults() SnapshotOptions {
@@ -252,7 +255,7 @@ func (s *snapshotLayout) config() cocoon.SnapshotConfig {
 	return cocoon.SnapshotConfig{
 		Config: cocoon.Config{
 			CPU: o.CPU, Memory: o.Memory, Storage: o.Storage, Image: o.Image,
-			ImageDigest: "sha256:" + s.base.blobHex, ImageType: o.ImageType,
+			ImageDigest: "sha256:" + s.base.blobHex, ImageType: o.ImageType, SharedMemory: o.SharedMemory,
 		},
 		Name: o.Name, Description: o.Description, Hypervisor: o.Hypervisor, NICs: o.NICs,
 		ImageBlobIDs: map[string]struct{}{s.base.blobHex: {}},
@@ -328,7 +331,7 @@ func (s *snapshotLayout) chConfig() *guest.VMConfig {
 	o := s.opts
 	cfg := &guest.VMConfig{
 		CPUs:     guest.CPUs{BootVCPUs: o.CPU, MaxVCPUs: max(o.CPU, runtime.NumCPU())},
-		Memory:   guest.Memory{Size: o.Memory},
+		Memory:   guest.Memory{Size: o.Memory, Shared: o.SharedMemory},
 		Balloon:  &guest.Balloon{ID: "_balloon0", Size: o.Memory / 4, DeflateOnOOM: true, FreePageReporting: true},
 		RNG:      guest.RNG{Src: "/dev/urandom"},
 		Watchdog: true,
