@@ -143,11 +143,17 @@ func nsenterNode(n *node, args ...string) ([]byte, error) {
 
 // hasQEMUChild reports whether a qemu-system process runs with pid as its parent.
 func hasQEMUChild(pid int) bool {
-	children, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+	// A child is listed under the thread that forked it, which may be any of the process's.
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
 	if err != nil {
 		return false
 	}
-	for _, child := range strings.Fields(string(children)) {
+	var children []string
+	for _, task := range tasks {
+		data, _ := os.ReadFile(task)
+		children = append(children, strings.Fields(string(data))...)
+	}
+	for _, child := range children {
 		cmdline, _ := os.ReadFile("/proc/" + child + "/cmdline")
 		if strings.HasPrefix(filepath.Base(strings.SplitN(string(cmdline), "\x00", 2)[0]), "qemu-system") {
 			return true
