@@ -356,21 +356,12 @@ func readSnapshot(dir string) (*VMConfig, restoredGuest, error) {
 
 func (v *vmm) handleAddDisk(w http.ResponseWriter, r *http.Request) {
 	var disk Disk
-	if err := json.NewDecoder(r.Body).Decode(&disk); err != nil {
-		apiError(w, "vm.add-disk: %v", err)
+	if !decodeDevice(w, r, "vm.add-disk", &disk) {
 		return
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if v.cfg == nil {
-		apiError(w, "VM is not created")
-		return
-	}
-	if disk.ID == "" {
-		disk.ID = fmt.Sprintf("_disk%d", len(v.cfg.Disks))
-	}
-	if slices.ContainsFunc(v.cfg.Disks, func(d Disk) bool { return d.ID == disk.ID }) {
-		apiError(w, "vm.add-disk: identifier %s is not unique", disk.ID)
+	if !v.admitDevice(w, "vm.add-disk", &disk.ID, "_disk", func() int { return len(v.cfg.Disks) }) {
 		return
 	}
 	// A data disk (one with a serial) reaches a running guest; the simulated guest opens no

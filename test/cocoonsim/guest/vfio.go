@@ -1,7 +1,6 @@
 package guest
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -46,21 +45,12 @@ const vfioDriver = "vfio-pci"
 // reaches no guest; the configuration lists it.
 func (v *vmm) handleAddDevice(w http.ResponseWriter, r *http.Request) {
 	var dev Device
-	if err := json.NewDecoder(r.Body).Decode(&dev); err != nil {
-		apiError(w, "vm.add-device: %v", err)
+	if !decodeDevice(w, r, "vm.add-device", &dev) {
 		return
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if v.cfg == nil {
-		apiError(w, "VM is not created")
-		return
-	}
-	if dev.ID == "" {
-		dev.ID = fmt.Sprintf("_vfio%d", len(v.cfg.Devices))
-	}
-	if slices.ContainsFunc(v.cfg.Devices, func(d Device) bool { return d.ID == dev.ID }) {
-		apiError(w, "vm.add-device: identifier %s is not unique", dev.ID)
+	if !v.admitDevice(w, "vm.add-device", &dev.ID, "_vfio", func() int { return len(v.cfg.Devices) }) {
 		return
 	}
 	group, err := v.openGroup(dev.Path)

@@ -75,21 +75,12 @@ func (d *fsDevice) close() {
 // as long as that connection: the guest sees the tag, and may mount it, until it is removed.
 func (v *vmm) handleAddFs(w http.ResponseWriter, r *http.Request) {
 	var f Fs
-	if err := json.NewDecoder(r.Body).Decode(&f); err != nil {
-		apiError(w, "vm.add-fs: %v", err)
+	if !decodeDevice(w, r, "vm.add-fs", &f) {
 		return
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if v.cfg == nil {
-		apiError(w, "VM is not created")
-		return
-	}
-	if f.ID == "" {
-		f.ID = fmt.Sprintf("_fs%d", len(v.cfg.Fs))
-	}
-	if v.deviceIDTaken(f.ID) {
-		apiError(w, "vm.add-fs: identifier %s is not unique", f.ID)
+	if !v.admitDevice(w, "vm.add-fs", &f.ID, "_fs", func() int { return len(v.cfg.Fs) }) {
 		return
 	}
 	if !v.cfg.Memory.Shared && !v.cfg.Memory.HugePages {
@@ -121,6 +112,33 @@ func (v *vmm) handleAddFs(w http.ResponseWriter, r *http.Request) {
 	v.cfg.Fs = append(v.cfg.Fs, f)
 	v.logger.Printf("vm.add-fs: %s (tag %s) on %s", f.ID, f.Tag, f.Socket)
 	writeJSON(w, map[string]string{"id": f.ID, "bdf": fmt.Sprintf("0000:00:%02x.0", 0x10+len(v.cfg.Disks)+len(v.cfg.Nets)+len(v.cfg.Devices)+len(v.cfg.Fs))})
+}
+
+// decodeDevice reads a hot-plug request's device, or answers the error.
+func decodeDevice(w http.ResponseWriter, r *http.Request, op string, dev any) bool {
+	if err := json.NewDecoder(r.Body).Decode(dev); err != nil {
+		apiError(w, "%s: %v", op, err)
+		return false
+	}
+	return true
+}
+
+// admitDevice checks what every hot-plug needs, as cloud-hypervisor does, and gives the device
+// its ID: the VM is created, and the ID (the one asked for, or prefix and count()) belongs to no
+// other device of any kind. It answers the error itself. The caller holds v.mu.
+func (v *vmm) admitDevice(w http.ResponseWriter, op string, id *string, prefix string, count func() int) bool {
+	if v.cfg == nil {
+		apiError(w, "VM is not created")
+		return false
+	}
+	if *id == "" {
+		*id = fmt.Sprintf("%s%d", prefix, count())
+	}
+	if v.deviceIDTaken(*id) {
+		apiError(w, "%s: identifier %s is not unique", op, *id)
+		return false
+	}
+	return true
 }
 
 // deviceIDTaken reports whether a device of any kind has the ID. The caller holds v.mu.
