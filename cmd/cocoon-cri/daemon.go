@@ -172,11 +172,13 @@ func runDaemon(parent context.Context, o *options) error {
 	router.Register(g)
 	vms.RegisterImport(g)
 
-	serveErr := make(chan error, 1)
-	go func() { serveErr <- g.Serve(lis) }()
+	// Logged before the first answer: whoever sees an answer finds this line (the addresses in it)
+	// already written. The listener queues connections meanwhile.
 	log.Info("cocoon-cri serving", "version", version, "socket", o.socket, "stateDir", o.stateDir, "cocoon", o.cocoonBinary,
 		"streams", streams.Addr(), "metrics", metricsAddr, "guestExec", vmruntime.DescribeExecPath(vms.ExecPath(ctx)),
 		"passthrough", orDefault(o.passthroughEndpoint, "off"), "cgroupDriver", o.cgroupDriver)
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- g.Serve(lis) }()
 
 	select {
 	case err := <-serveErr:
