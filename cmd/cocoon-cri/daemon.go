@@ -67,13 +67,14 @@ func runDaemon(parent context.Context, o *options) error {
 	}
 
 	cc := cocoon.New(cocoon.Options{
-		Binary:  o.cocoonBinary,
-		RootDir: o.cocoonRootDir,
-		RunDir:  o.cocoonRunDir,
-		LogDir:  o.cocoonLogDir,
-		Timeout: o.cocoonTimeout,
-		Logger:  log.With("component", "cocoon"),
-		Observe: m.CocoonCall,
+		Binary:   o.cocoonBinary,
+		RootDir:  o.cocoonRootDir,
+		RunDir:   o.cocoonRunDir,
+		LogDir:   o.cocoonLogDir,
+		Timeout:  o.cocoonTimeout,
+		MaxCalls: o.maxCocoonCalls,
+		Logger:   log.With("component", "cocoon"),
+		Observe:  m.CocoonCall,
 	})
 	images, err := imagestore.New(st, cc, log.With("component", "images"), imagestore.Dirs{
 		Root: orDefault(o.cocoonRootDir, cocoonDefaultRootDir),

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -32,6 +33,7 @@ type options struct {
 	cocoonRunDir        string
 	cocoonLogDir        string
 	cocoonTimeout       time.Duration
+	maxCocoonCalls      int
 	netnsDir            string
 	sysfsDir            string
 	virtiofsd           string
@@ -67,6 +69,7 @@ func defaultOptions() *options {
 		maxStorage:        "200Gi",
 		volumeMaxBytes:    "64Mi",
 		cocoonTimeout:     2 * time.Minute,
+		maxCocoonCalls:    defaultMaxCocoonCalls(),
 		netnsDir:          "/var/run/netns",
 		sysfsDir:          "/sys",
 		virtiofsd:         "/usr/lib/qemu/virtiofsd",
@@ -100,6 +103,8 @@ func (o *options) addFlags(cmd *cobra.Command) {
 	d.StringVar(&o.cocoonRunDir, "cocoon-run-dir", o.cocoonRunDir, "cocoon --run-dir (empty: cocoon's default, "+cocoonDefaultRunDir+")")
 	d.StringVar(&o.cocoonLogDir, "cocoon-log-dir", o.cocoonLogDir, "cocoon --log-dir (empty: cocoon's default)")
 	d.DurationVar(&o.cocoonTimeout, "cocoon-timeout", o.cocoonTimeout, "longest a cocoon command may run (imports have none: they end with the request)")
+	d.IntVar(&o.maxCocoonCalls, "max-cocoon-calls", o.maxCocoonCalls,
+		"most cocoon commands run at once, besides transfers and stops (0: no bound); the default is twice the CPUs, at least 4")
 	d.StringVar(&o.netnsDir, "netns-dir", o.netnsDir, "directory of the pod network namespaces")
 	d.StringVar(&o.sysfsDir, "sysfs-dir", o.sysfsDir, "the node's sysfs, where the PCI devices of a container's VFIO groups are found")
 	d.StringVar(&o.virtiofsd, "virtiofsd", o.virtiofsd,
@@ -146,6 +151,12 @@ func (o *options) addFlags(cmd *cobra.Command) {
 	}
 }
 
+// defaultMaxCocoonCalls lets cocoon commands use every CPU while others wait on I/O, without the
+// lock polling of many more (docs/profiles.md, "Pods started at once").
+func defaultMaxCocoonCalls() int {
+	return max(4, 2*runtime.NumCPU())
+}
+
 func (o *options) validate() error {
 	if _, err := parseLevel(o.logLevel); err != nil {
 		return err
@@ -171,6 +182,9 @@ func (o *options) validate() error {
 	}
 	if o.cocoonTimeout <= 0 {
 		return fmt.Errorf("--cocoon-timeout must be positive")
+	}
+	if o.maxCocoonCalls < 0 {
+		return fmt.Errorf("--max-cocoon-calls %d: want 0 (no bound) or more", o.maxCocoonCalls)
 	}
 	if o.pullProgressTimeout < 0 {
 		return fmt.Errorf("--image-pull-progress-timeout must not be negative")

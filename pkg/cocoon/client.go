@@ -43,7 +43,13 @@ type Options struct {
 	DNS []string
 	// Timeout overrides DefaultTimeout.
 	Timeout time.Duration
-	Logger  *slog.Logger
+	// MaxCalls bounds the cocoon commands running at once (0: no bound), beyond the long ones
+	// (transfers, a stop's grace period). Every cocoon command takes an exclusive flock on the
+	// databases it reads, and a waiter retries it every few milliseconds: fifty commands at once
+	// on two cores spend the CPUs polling the lock (docs/profiles.md). A call waits for a slot
+	// before its timeout starts.
+	MaxCalls int
+	Logger   *slog.Logger
 	// Observe, when set, is told the duration and outcome of every call, by subcommand ("vm clone").
 	Observe func(subcommand string, took time.Duration, err error)
 }
@@ -51,6 +57,8 @@ type Options struct {
 // Client runs cocoon commands. It is safe for concurrent use and cheap to copy with With*.
 type Client struct {
 	opts Options
+	// slots holds a token per running bounded call; nil when MaxCalls is 0. Copies share it.
+	slots chan struct{}
 }
 
 // New returns a client for the cocoon binary in opts.
@@ -64,7 +72,11 @@ func New(opts Options) *Client {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Client{opts: opts}
+	c := &Client{opts: opts}
+	if opts.MaxCalls > 0 {
+		c.slots = make(chan struct{}, opts.MaxCalls)
+	}
+	return c
 }
 
 // Binary is the cocoon executable the client runs.
@@ -84,7 +96,7 @@ func (c *Client) WithNetwork(cniConfDir, cniBinDir string, dns []string) *Client
 	if len(dns) > 0 {
 		o.DNS = dns
 	}
-	return &Client{opts: o}
+	return &Client{opts: o, slots: c.slots}
 }
 
 func (c *Client) globalArgs() []string {
@@ -110,6 +122,9 @@ type call struct {
 	timeout time.Duration
 	// env is added to cocoon-cri's environment for this call only.
 	env []string
+	// long marks a call that lasts as long as its work (a transfer, a stop's grace period): it
+	// takes no slot, since it would hold one for minutes while holding cocoon's locks briefly.
+	long bool
 }
 
 // maxStderr bounds what is kept of a command's log output; the error line is at the end.
@@ -133,6 +148,16 @@ func (c *Client) run(ctx context.Context, cl call) ([]byte, error) {
 	if timeout <= 0 {
 		timeout = c.opts.Timeout
 	}
+	// Waiting for a slot is waiting on cocoon: its commands already running.
+	waited := waittime.Begin(ctx)
+	defer waited()
+	queuedAt := time.Now()
+	release, err := c.takeSlot(ctx, cl)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	queued := time.Since(queuedAt)
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 
@@ -151,8 +176,7 @@ func (c *Client) run(ctx context.Context, cl call) ([]byte, error) {
 	sub := subcommand(cl.args)
 	faultpoint.Hit("cocoon " + sub + "/before")
 	start := time.Now()
-	waited := waittime.Begin(ctx)
-	err := cmd.Run()
+	err = cmd.Run()
 	waited()
 	took := time.Since(start)
 	faultpoint.Hit("cocoon " + sub + "/after")
@@ -163,11 +187,24 @@ func (c *Client) run(ctx context.Context, cl call) ([]byte, error) {
 		c.opts.Observe(sub, took, err)
 	}
 	if err != nil {
-		c.opts.Logger.Debug("cocoon call failed", "args", cl.args, "took", took, "err", err)
+		c.opts.Logger.Debug("cocoon call failed", "args", cl.args, "queued", queued, "took", took, "err", err)
 		return nil, err
 	}
-	c.opts.Logger.Debug("cocoon call", "args", cl.args, "took", took)
+	c.opts.Logger.Debug("cocoon call", "args", cl.args, "queued", queued, "took", took)
 	return stdout.Bytes(), nil
+}
+
+// takeSlot waits until the call may run and returns what frees its slot.
+func (c *Client) takeSlot(ctx context.Context, cl call) (release func(), err error) {
+	if c.slots == nil || cl.long {
+		return func() {}, nil
+	}
+	select {
+	case c.slots <- struct{}{}:
+		return func() { <-c.slots }, nil
+	case <-ctx.Done():
+		return nil, &CommandError{Args: cl.args, ExitCode: -1, Err: fmt.Errorf("waiting for one of the %d cocoon calls running to end: %w", cap(c.slots), ctx.Err())}
+	}
 }
 
 func (c *Client) commandError(ctx context.Context, args []string, cmd *exec.Cmd, runErr error, stderr string) error {

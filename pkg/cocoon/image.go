@@ -8,7 +8,7 @@ import (
 // ImageImport imports a qcow2 (becomes a cloud image) or tar (becomes an OCI image) from r under
 // name and returns the image. cocoon prints nothing for an import, so it is looked up by name.
 func (c *Client) ImageImport(ctx context.Context, r io.Reader, name string) (*Image, error) {
-	if _, err := c.run(ctx, call{args: []string{"image", "import", name}, stdin: r, timeout: transferTimeout}); err != nil {
+	if _, err := c.run(ctx, call{args: []string{"image", "import", name}, stdin: r, timeout: transferTimeout, long: true}); err != nil {
 		return nil, err
 	}
 	return c.ImageInspect(ctx, name)
@@ -25,7 +25,7 @@ type PullOptions struct {
 // ImagePull pulls an OCI image reference (or downloads a cloud image URL) and returns it. cocoon
 // stores the literal reference string, so the same string must be used to run the image.
 func (c *Client) ImagePull(ctx context.Context, ref string, o PullOptions) (*Image, error) {
-	cl := call{args: []string{"image", "pull", ref}, timeout: transferTimeout}
+	cl := call{args: []string{"image", "pull", ref}, timeout: transferTimeout, long: true}
 	if o.DockerConfig != "" {
 		cl.env = []string{"DOCKER_CONFIG=" + o.DockerConfig}
 	}

@@ -15,7 +15,7 @@ const transferTimeout = 6 * time.Hour
 func (c *Client) SnapshotImport(ctx context.Context, r io.Reader, name, description string) (*Snapshot, error) {
 	args := []string{"snapshot", "import", "--name", name}
 	args = appendIf(args, description != "", "--description", description)
-	if _, err := c.run(ctx, call{args: args, stdin: r, timeout: transferTimeout}); err != nil {
+	if _, err := c.run(ctx, call{args: args, stdin: r, timeout: transferTimeout, long: true}); err != nil {
 		return nil, err
 	}
 	return c.SnapshotInspect(ctx, name)

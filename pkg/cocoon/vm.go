@@ -154,7 +154,7 @@ func (c *Client) VMStop(ctx context.Context, id string, o StopOptions) error {
 		budget = time.Duration(secs) * time.Second
 	}
 	args = append(args, id)
-	_, err := c.run(ctx, call{args: args, timeout: budget + escalation + c.opts.Timeout})
+	_, err := c.run(ctx, call{args: args, timeout: budget + escalation + c.opts.Timeout, long: true})
 	return err
 }
 

@@ -36,6 +36,7 @@ func Main(args []string) int {
 		fmt.Fprintln(os.Stderr, err) //nolint:errcheck
 		return 1
 	}
+	lockRetryDelay = prof.LockRetry
 	a := &app{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, profile: prof}
 	root := a.rootCommand()
 	root.SetArgs(args)

@@ -13,8 +13,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// lockRetryDelay is cocoon's flock retry interval (lock/flock/flock.go).
-const lockRetryDelay = 100 * time.Millisecond
+// lockRetryDelay is cocoon's flock retry interval: the played release's, set by Main before any
+// command runs (release.Profile.LockRetry).
+var lockRetryDelay = 100 * time.Millisecond
 
 // indexInit is implemented by index types whose maps must be non-nil after loading.
 type indexInit interface{ initMaps() }
@@ -79,7 +80,7 @@ func (db jsonDB[T]) locked(ctx context.Context, fn func() error) error {
 	return fn()
 }
 
-// flockWait takes an exclusive flock on path, retrying every 100 ms until ctx ends.
+// flockWait takes an exclusive flock on path, retrying every lockRetryDelay until ctx ends.
 func flockWait(ctx context.Context, path string) (unlock func(), err error) {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDONLY, 0o600) //nolint:gosec // cocoon-managed lock path
 	if err != nil {

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -38,6 +40,7 @@ func TestBenchmarkConcurrentStarts(t *testing.T) {
 	defer cancel()
 
 	before := n.scrapeMetrics()
+	cpuBefore, daemonBefore := readCPUTimes(t), processCPU(t, n.daemon.PID())
 	running := make([]time.Duration, concurrentPods)
 	errs := make([]error, concurrentPods)
 	var wg sync.WaitGroup
@@ -54,6 +57,7 @@ func TestBenchmarkConcurrentStarts(t *testing.T) {
 	close(go1)
 	wg.Wait()
 	all := time.Since(start)
+	cpu, daemonCPU := readCPUTimes(t).since(cpuBefore), processCPU(t, n.daemon.PID())-daemonBefore
 	if err := errors.Join(errs...); err != nil {
 		t.Fatal(err)
 	}
@@ -85,6 +89,17 @@ func TestBenchmarkConcurrentStarts(t *testing.T) {
 		fmt.Fprintf(&b, "| %s: mean time / of which cocoon-cri's own | %s / %s |\n", m,
 			ms(meanOf("rpc_duration_seconds", rpc(m))), ms(meanOf("rpc_own_duration_seconds", rpc(m))))
 	}
+	fmt.Fprintf(&b, "\nThe machine's CPUs were busy %.0f%% of that time (%.0f%% of it in the kernel): %.0f ms of CPU a pod, "+
+		"of which cocoon-cri's process used %.0f ms; the rest went to cocoon's commands and VMs, the CNI plugins and the kernel's work for them.\n\n",
+		cpu.busyShare()*100, cpu.kernelShare()*100, cpu.busySeconds()*1000/concurrentPods, daemonCPU.Seconds()*1000/concurrentPods)
+	b.WriteString("cocoon calls per pod, and their mean time:\n\n| subcommand | calls per pod | mean (ms) |\n|---|---|---|\n")
+	for _, sub := range cocoonSubcommands(after) {
+		labels := fmt.Sprintf("subcommand=%q", sub)
+		calls := after["cocoon_cri_cocoon_call_duration_seconds_count{"+labels+"}"] - before["cocoon_cri_cocoon_call_duration_seconds_count{"+labels+"}"]
+		if calls > 0 {
+			fmt.Fprintf(&b, "| `%s` | %.1f | %s |\n", sub, calls/concurrentPods, ms(meanOf("cocoon_call_duration_seconds", labels)))
+		}
+	}
 	if err := os.WriteFile(filepath.Join(out, "25-concurrency.md"), []byte(b.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -103,6 +118,76 @@ func TestBenchmarkConcurrentStarts(t *testing.T) {
 		}
 	}
 }
+
+// cocoonSubcommands lists, sorted, the cocoon subcommands that scraped metrics have timed.
+func cocoonSubcommands(samples map[string]float64) []string {
+	var subs []string
+	for name := range samples {
+		rest, ok := strings.CutPrefix(name, `cocoon_cri_cocoon_call_duration_seconds_count{subcommand="`)
+		if ok {
+			subs = append(subs, strings.TrimSuffix(rest, `"}`))
+		}
+	}
+	slices.Sort(subs)
+	return subs
+}
+
+// userHZ is the unit of the CPU times in /proc: clock ticks of 1/100 s on Linux.
+const userHZ = 100
+
+// processCPU is the CPU time pid has used (user and system) so far.
+func processCPU(t *testing.T, pid int) time.Duration {
+	t.Helper()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fields := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+1:]))
+	user, errU := strconv.ParseFloat(fields[11], 64)
+	system, errS := strconv.ParseFloat(fields[12], 64)
+	if errU != nil || errS != nil {
+		t.Fatalf("/proc/%d/stat: %s", pid, data)
+	}
+	return time.Duration((user + system) / userHZ * float64(time.Second))
+}
+
+// cpuTimes is the machine's CPU time from /proc/stat's first line, in clock ticks.
+type cpuTimes struct{ user, system, idle, total float64 }
+
+func readCPUTimes(t *testing.T) cpuTimes {
+	t.Helper()
+	data, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	line, _, _ := strings.Cut(string(data), "\n")
+	fields := strings.Fields(line)[1:] // user nice system idle iowait irq softirq steal ...
+	var c cpuTimes
+	for i, f := range fields {
+		v, err := strconv.ParseFloat(f, 64)
+		if err != nil {
+			t.Fatalf("/proc/stat: %q: %v", line, err)
+		}
+		c.total += v
+		switch i {
+		case 0, 1:
+			c.user += v
+		case 2, 5, 6:
+			c.system += v
+		case 3, 4:
+			c.idle += v
+		}
+	}
+	return c
+}
+
+func (c cpuTimes) since(before cpuTimes) cpuTimes {
+	return cpuTimes{user: c.user - before.user, system: c.system - before.system, idle: c.idle - before.idle, total: c.total - before.total}
+}
+
+func (c cpuTimes) busyShare() float64   { return (c.total - c.idle) / c.total }
+func (c cpuTimes) busySeconds() float64 { return (c.total - c.idle) / userHZ }
+func (c cpuTimes) kernelShare() float64 { return c.system / (c.total - c.idle) }
 
 // startPod makes a VM pod and starts its container.
 func startPod(ctx context.Context, n *node, rt runtimeapi.RuntimeServiceClient, name string) error {

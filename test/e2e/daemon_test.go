@@ -66,7 +66,7 @@ func TestVersionAndBadFlags(t *testing.T) {
 	if err != nil || !strings.HasPrefix(string(out), "cocoon-cri ") {
 		t.Fatalf("--version: %s, %v", out, err)
 	}
-	for _, args := range [][]string{{"--log-level", "loud"}, {"--log-format", "xml"}, {"--cocoon-timeout", "-1s"}} {
+	for _, args := range [][]string{{"--log-level", "loud"}, {"--log-format", "xml"}, {"--cocoon-timeout", "-1s"}, {"--max-cocoon-calls", "-1"}} {
 		out, err := exec.Command(bins.cocoonCRI, args...).CombinedOutput()
 		if err == nil || !strings.Contains(string(out), args[0]) {
 			t.Errorf("%v: %s, %v", args, out, err)
