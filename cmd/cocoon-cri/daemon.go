@@ -53,7 +53,7 @@ func runDaemon(parent context.Context, o *options) error {
 	m := metrics.New(st, version)
 	metricsAddr := "off"
 	if o.metricsAddr != "" {
-		ep, err := m.Listen(o.metricsAddr, log.With("component", "metrics"))
+		ep, err := m.Listen(o.metricsAddr, log.With("component", "metrics"), o.profiling)
 		if err != nil {
 			return err
 		}

@@ -54,6 +54,7 @@ type options struct {
 	registryCAFile      string
 	pullProgressTimeout time.Duration
 	metricsAddr         string
+	profiling           bool
 	passthroughEndpoint string
 	cgroupDriver        string
 	maxStorage          string
@@ -133,6 +134,8 @@ func (o *options) addFlags(cmd *cobra.Command) {
 		"fail an image pull that receives nothing from its registry for this long (0: never)")
 	d.StringVar(&o.metricsAddr, "metrics-addr", o.metricsAddr,
 		"host:port to serve Prometheus metrics on at /metrics, e.g. 127.0.0.1:9809 (empty: not served; port 0: a free port)")
+	d.BoolVar(&o.profiling, "profiling", o.profiling,
+		"also serve the Go runtime's profiles (net/http/pprof) at /debug/pprof/ on --metrics-addr")
 	d.StringVar(&o.passthroughEndpoint, "passthrough-endpoint", o.passthroughEndpoint,
 		"CRI socket of the node's container runtime (unix:///run/containerd/containerd.sock): pods of every other runtime handler run there unchanged (empty: refused)")
 	d.StringVar(&o.cgroupDriver, "cgroup-driver", o.cgroupDriver,
@@ -202,6 +205,9 @@ func (o *options) validate() error {
 	}
 	if q, err := resource.ParseQuantity(o.maxStorage); err != nil || q.Value() < vmruntime.MinStorage {
 		return fmt.Errorf("--max-storage %q: want a quantity of at least 10G, such as 200Gi", o.maxStorage)
+	}
+	if o.profiling && o.metricsAddr == "" {
+		return fmt.Errorf("--profiling serves the profiles on --metrics-addr: give one too")
 	}
 	if o.metricsAddr != "" {
 		if _, _, err := net.SplitHostPort(o.metricsAddr); err != nil {

@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -43,6 +44,26 @@ func TestMetricsAddr(t *testing.T) {
 	}
 	if _, err := parse("--metrics-addr", "9809"); err == nil || !strings.Contains(err.Error(), "--metrics-addr") {
 		t.Fatalf("a bare port: %v, want refused", err)
+	}
+	if opts, err := parse("--profiling"); err != nil || !opts.profiling {
+		t.Fatalf("--profiling with the address from the environment: %v", err)
+	}
+	t.Setenv(config.EnvName(envPrefix, "metrics-addr"), "")
+	if _, err := parse("--profiling"); err == nil || !strings.Contains(err.Error(), "--metrics-addr") {
+		t.Fatalf("--profiling without --metrics-addr: %v, want refused", err)
+	}
+}
+
+// --max-cocoon-calls is twice the CPUs by default, at least 4; 0 lifts the bound; less is refused.
+func TestMaxCocoonCalls(t *testing.T) {
+	if opts, err := parse(); err != nil || opts.maxCocoonCalls != max(4, 2*runtime.NumCPU()) {
+		t.Fatalf("default: %d, %v", opts.maxCocoonCalls, err)
+	}
+	if opts, err := parse("--max-cocoon-calls", "0"); err != nil || opts.maxCocoonCalls != 0 {
+		t.Fatalf("0: %d, %v", opts.maxCocoonCalls, err)
+	}
+	if _, err := parse("--max-cocoon-calls", "-2"); err == nil || !strings.Contains(err.Error(), "--max-cocoon-calls") {
+		t.Fatalf("-2: %v, want refused", err)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -35,14 +36,25 @@ type Endpoint struct {
 	lis net.Listener
 }
 
-// Listen binds addr (host:port; port 0 picks a free one) for the metrics of m.
-func (m *Metrics) Listen(addr string, log *slog.Logger) (*Endpoint, error) {
+// ProfilingPath is where Go's runtime profiles are served, when asked for.
+const ProfilingPath = "/debug/pprof/"
+
+// Listen binds addr (host:port; port 0 picks a free one) for the metrics of m, and with profiling
+// for the Go runtime's profiles under ProfilingPath as well (net/http/pprof).
+func (m *Metrics) Listen(addr string, log *slog.Logger, profiling bool) (*Endpoint, error) {
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("metrics address %s: %w", addr, err)
 	}
 	mux := http.NewServeMux()
 	mux.Handle(Path, m.Handler(log))
+	if profiling {
+		mux.HandleFunc(ProfilingPath, pprof.Index)
+		mux.HandleFunc(ProfilingPath+"cmdline", pprof.Cmdline)
+		mux.HandleFunc(ProfilingPath+"profile", pprof.Profile)
+		mux.HandleFunc(ProfilingPath+"symbol", pprof.Symbol)
+		mux.HandleFunc(ProfilingPath+"trace", pprof.Trace)
+	}
 	return &Endpoint{lis: lis, srv: &http.Server{
 		Handler: mux,
 		// Without it a client that sends headers slowly holds a connection forever.

@@ -188,7 +188,7 @@ func TestVMsByStateFollowTheStore(t *testing.T) {
 func TestEndpointServesUntilShutdown(t *testing.T) {
 	m := New(nil, "test")
 	m.WatcherRestarted()
-	ep, err := m.Listen("127.0.0.1:0", discard)
+	ep, err := m.Listen("127.0.0.1:0", discard, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,6 +214,11 @@ func TestEndpointServesUntilShutdown(t *testing.T) {
 	} else if resp.Body.Close(); resp.StatusCode != http.StatusNotFound {
 		t.Errorf("GET /other: %s, want 404: only %s is served", resp.Status, Path)
 	}
+	if resp, err := http.Get("http://" + ep.Addr().String() + ProfilingPath + "cmdline"); err != nil {
+		t.Fatal(err)
+	} else if resp.Body.Close(); resp.StatusCode != http.StatusNotFound {
+		t.Errorf("GET %scmdline without profiling: %s, want 404", ProfilingPath, resp.Status)
+	}
 
 	if err := ep.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
@@ -223,15 +228,36 @@ func TestEndpointServesUntilShutdown(t *testing.T) {
 	}
 }
 
+// With profiling, the Go runtime's profiles are served beside the metrics.
+func TestEndpointServesProfilesWhenAsked(t *testing.T) {
+	ep, err := New(nil, "test").Listen("127.0.0.1:0", discard, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ep.Serve()
+	defer ep.Shutdown(context.Background())
+	for path, want := range map[string]string{ProfilingPath: "goroutine", ProfilingPath + "heap?debug=1": "heap profile", Path: "go_goroutines"} {
+		resp, err := http.Get("http://" + ep.Addr().String() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK || !strings.Contains(string(body), want) {
+			t.Errorf("GET %s: %s, %v; want 200 with %q", path, resp.Status, err, want)
+		}
+	}
+}
+
 // A busy address is reported when listening, so the daemon fails at start rather than run blind.
 func TestListenReportsABusyAddress(t *testing.T) {
 	m := New(nil, "test")
-	ep, err := m.Listen("127.0.0.1:0", discard)
+	ep, err := m.Listen("127.0.0.1:0", discard, false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ep.Shutdown(context.Background())
-	if _, err := m.Listen(ep.Addr().String(), discard); err == nil || !strings.Contains(err.Error(), "metrics address") {
+	if _, err := m.Listen(ep.Addr().String(), discard, false); err == nil || !strings.Contains(err.Error(), "metrics address") {
 		t.Fatalf("second Listen on %s: %v, want an error naming the metrics address", ep.Addr(), err)
 	}
 }

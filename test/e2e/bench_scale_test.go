@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,6 +18,8 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/cocoonstack/cocoon-cri/pkg/metrics"
+	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
 	containerdtest "github.com/cocoonstack/cocoon-cri/test/containerd"
 )
 
@@ -40,6 +43,17 @@ const (
 	scaleCallTimeout = time.Minute
 )
 
+// Knobs for trying the scale benchmark by hand: COCOON_CRI_BENCH_SCALE_RUNTIMES names the one
+// runtime to measure (cocoon-cri or containerd; both without it), and COCOON_CRI_BENCH_PROFILE=1
+// saves a CPU profile of cocoon-cri during each RPC's calls (<rpc>.cpu.pprof in the bench dir).
+const (
+	scaleRuntimesEnv = "COCOON_CRI_BENCH_SCALE_RUNTIMES"
+	scaleProfileEnv  = "COCOON_CRI_BENCH_PROFILE"
+)
+
+// scaleProfileSeconds is how long each RPC's CPU profile runs: within the RPC's calls at 500 pods.
+const scaleProfileSeconds = 10
+
 // scaleSize is the number of pods and of running ones.
 func scaleSize(t *testing.T) (pods, running int) {
 	v := os.Getenv("COCOON_CRI_BENCH_SCALE_PODS")
@@ -58,6 +72,8 @@ type scaleRuntime struct {
 	name, endpoint, handler, image string
 	command                        []string
 	pid                            int
+	// profile, when set, fetches a CPU profile of the runtime for seconds.
+	profile func(seconds int) ([]byte, error)
 }
 
 // scaleFigures is what the scale benchmark measured of one runtime.
@@ -108,7 +124,14 @@ func TestBenchmarkScale(t *testing.T) {
 	out := benchDir(t)
 	pods, running := scaleSize(t)
 	cgroups := testCgroupParent(t) // removed after the node, registered before it
-	n := prepareNode(t, nil)
+	// The VMs run the simulator's null guest (benchmark mode): cocoon-cri's figures, not the load of
+	// fifty simulated guests on the same two cores.
+	var extra []string
+	profiling := os.Getenv(scaleProfileEnv) == "1"
+	if profiling {
+		extra = []string{"--metrics-addr", "127.0.0.1:0", "--profiling"}
+	}
+	n := prepareNode(t, []string{guest.FixedLatencyEnv + "=1ms"}, extra...)
 	n.writeNetworkConfig(scaleSubnet) // both runtimes' pods draw from the node's one address pool
 	ctrd := containerdtest.Start(t, containerdtest.Options{
 		Dir: filepath.Join(n.dir, "containerd"), NetNS: n.nodeNS, CNIConfDir: n.cniConf, CNIBinDirs: []string{"/usr/lib/cni"},
@@ -120,17 +143,29 @@ func TestBenchmarkScale(t *testing.T) {
 		{name: "cocoon-cri", endpoint: "unix://" + n.socket, handler: "cocoon", image: snapRef, pid: n.daemon.PID()},
 		{name: "containerd", endpoint: ctrd.Endpoint(), image: busybox, command: []string{"sleep", "3600"}, pid: ctrd.PID()},
 	}
+	if profiling {
+		runtimes[0].profile = func(seconds int) ([]byte, error) {
+			code, body, err := n.httpGetInNode(fmt.Sprintf("http://%s%sprofile?seconds=%d", n.metricsAddr(), metrics.ProfilingPath, seconds))
+			if err == nil && code != http.StatusOK {
+				err = fmt.Errorf("profile: HTTP %d: %s", code, body)
+			}
+			return []byte(body), err
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Minute)
 	defer cancel()
 	figures := make([]*scaleFigures, len(runtimes))
 	for i, r := range runtimes {
+		if only := os.Getenv(scaleRuntimesEnv); only != "" && only != r.name {
+			continue
+		}
 		conn, err := grpc.NewClient(r.endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()),
 			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(kubeletMaxMessage)))
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { conn.Close() })
-		figures[i] = measureAtScale(ctx, t, n, runtimeapi.NewRuntimeServiceClient(conn), r, cgroups, pods, running)
+		figures[i] = measureAtScale(ctx, t, n, runtimeapi.NewRuntimeServiceClient(conn), r, cgroups, pods, running, out)
 		report := renderScale(runtimes, figures, pods, running)
 		if err := os.WriteFile(filepath.Join(out, "30-scale.md"), []byte(report), 0o644); err != nil {
 			t.Fatal(err)
@@ -141,7 +176,7 @@ func TestBenchmarkScale(t *testing.T) {
 
 // measureAtScale makes the pods in one runtime, one at a time as a node fills, times the periodic
 // RPCs, reads the daemon's RSS, and removes the pods.
-func measureAtScale(ctx context.Context, t *testing.T, n *node, c runtimeapi.RuntimeServiceClient, r scaleRuntime, cgroups string, pods, running int) *scaleFigures {
+func measureAtScale(ctx context.Context, t *testing.T, n *node, c runtimeapi.RuntimeServiceClient, r scaleRuntime, cgroups string, pods, running int, out string) *scaleFigures {
 	var runPod []time.Duration
 	for p := range pods {
 		cfg := n.podConfig(fmt.Sprintf("scale-%d", p), fmt.Sprintf("uid-%s-%d", r.name, p))
@@ -170,6 +205,7 @@ func measureAtScale(ctx context.Context, t *testing.T, n *node, c runtimeapi.Run
 	for _, rpc := range scaleRPCs {
 		var took []time.Duration
 		timedOut := false
+		profiled := r.startProfile(t, filepath.Join(out, rpc.name+".cpu.pprof"))
 		began := time.Now()
 		for call := 0; call < scaleCalls && !timedOut && (call < scaleMinCalls || time.Since(began) < scaleRPCBudget); call++ {
 			callCtx, cancelCall := context.WithTimeout(ctx, scaleCallTimeout)
@@ -185,6 +221,7 @@ func measureAtScale(ctx context.Context, t *testing.T, n *node, c runtimeapi.Run
 				took = append(took, time.Since(start))
 			}
 		}
+		profiled()
 		fig := rpcFigures{calls: len(took), timedOut: timedOut}
 		if len(took) > 0 {
 			slices.Sort(took)
@@ -212,13 +249,33 @@ func measureAtScale(ctx context.Context, t *testing.T, n *node, c runtimeapi.Run
 	return f
 }
 
+// startProfile starts a CPU profile of the runtime, if it has one, to be saved at path, and returns
+// what waits for it.
+func (r scaleRuntime) startProfile(t *testing.T, path string) (wait func()) {
+	if r.profile == nil {
+		return func() {}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		data, err := r.profile(scaleProfileSeconds)
+		if err == nil {
+			err = os.WriteFile(path, data, 0o644)
+		}
+		if err != nil {
+			t.Errorf("CPU profile of %s: %v", r.name, err)
+		}
+	}()
+	return func() { <-done }
+}
+
 // renderScale is the scale benchmark's section of docs/performance.md, with the runtimes measured
 // so far.
 func renderScale(runtimes []scaleRuntime, figures []*scaleFigures, pods, running int) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "## Node scale: %d pods, %d of them running\n\n", pods, running)
 	fmt.Fprintf(&b, "%d pods made one at a time in each runtime, one runtime at a time (no passthrough, and none of the "+
-		"other runtime's pods on the node): VM pods on the simulator in cocoon-cri, runc pods in containerd; the first %d "+
+		"other runtime's pods on the node): VM pods on the simulator in cocoon-cri (its benchmark mode: the VMs run no guest), runc pods in containerd; the first %d "+
 		"each start a container (a VM; busybox `sleep`). Then up to %d calls of each RPC the kubelet makes periodically "+
 		"(ms); fewer when an RPC's calls pass 3 minutes, and a call past a minute is given up (shown as > 60000) and not "+
 		"made again. Targets: the lists at most 2 ms at p99 and never slower than containerd; the stats at most 20 ms at "+
