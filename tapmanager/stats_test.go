@@ -6,8 +6,11 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/vmstats"
 )
 
 // podNamespaceWithInterface makes a pod namespace holding an interface named like the pod's.
@@ -62,13 +65,93 @@ func TestPodInterfaceCounters(t *testing.T) {
 	if _, err := n.PodInterfaceCounters(path); err == nil {
 		t.Fatal("counters of a removed namespace")
 	}
-	if len(n.counters.handles)+len(n.counters.removing) != 0 {
-		t.Fatalf("sockets kept after the removal: %v %v", n.counters.handles, n.counters.removing)
+	if len(n.counters.sockets)+len(n.counters.removing) != 0 {
+		t.Fatalf("sockets kept after the removal: %v %v", n.counters.sockets, n.counters.removing)
 	}
 	// A namespace nothing holds is freed, its veth with it: the kernel lists no namespace with its
 	// inode among the live ones.
 	if nsStillAlive(t, ns.Ino) {
 		t.Fatalf("namespace %d (veth %s) outlived RemoveNetNS: a socket still holds it", ns.Ino, peer.Attrs().Name)
+	}
+}
+
+// TestPodInterfaceCountersCountFrames: the counters are the interface's own, received apart from
+// sent, and follow an interface that was replaced under the same name (a new index), as one a VM
+// held and gave back may be. Frames are sent raw on a veth pair inside the namespace, with IPv6 off
+// so that nothing else is sent.
+func TestPodInterfaceCountersCountFrames(t *testing.T) {
+	n, path := podNamespaceWithInterface(t)
+	err := ns.WithNetNSPath(path, func(ns.NetNS) error {
+		return os.WriteFile("/proc/sys/net/ipv6/conf/all/disable_ipv6", []byte("1"), 0o644)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sendFrames := func(ifname string, count, size int) {
+		t.Helper()
+		err := ns.WithNetNSPath(path, func(ns.NetNS) error {
+			h, err := netlink.NewHandle()
+			if err != nil {
+				return err
+			}
+			defer h.Close()
+			for _, name := range []string{PodIfName, "peer0"} {
+				link, err := h.LinkByName(name)
+				if err != nil {
+					return err
+				}
+				if err := h.LinkSetUp(link); err != nil {
+					return err
+				}
+			}
+			link, err := h.LinkByName(ifname)
+			if err != nil {
+				return err
+			}
+			fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, 0)
+			if err != nil {
+				return err
+			}
+			defer unix.Close(fd)
+			frame := make([]byte, size)
+			copy(frame, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02, 0, 0, 0, 0, 1, 0x88, 0xb5}) // broadcast, local experimental ethertype
+			to := &unix.SockaddrLinklayer{Ifindex: link.Attrs().Index, Halen: 6}
+			for range count {
+				if err := unix.Sendto(fd, frame, 0, to); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	sendFrames(PodIfName, 3, 100)
+	sendFrames("peer0", 2, 80)
+	got, err := n.PodInterfaceCounters(path)
+	if want := (vmstats.Interface{Name: PodIfName, TxBytes: 300, RxBytes: 160}); err != nil || got != want {
+		t.Fatalf("counters: %+v, %v; want %+v", got, err, want)
+	}
+
+	// A new interface of the same name, under a new index.
+	err = withHandle(path, func(h *netlink.Handle) error {
+		old, err := h.LinkByName(PodIfName)
+		if err != nil {
+			return err
+		}
+		if err := h.LinkDel(old); err != nil {
+			return err
+		}
+		return h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: PodIfName}, PeerName: "peer0"})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sendFrames(PodIfName, 1, 64)
+	got, err = n.PodInterfaceCounters(path)
+	if want := (vmstats.Interface{Name: PodIfName, TxBytes: 64}); err != nil || got != want {
+		t.Fatalf("counters of the new interface: %+v, %v; want %+v", got, err, want)
 	}
 }
 
