@@ -125,7 +125,8 @@ type Server struct {
 	streams  *streaming.Server
 	events   eventHub
 	cgroups  cgroups.Driver
-	cpuRate  vmstats.CPURate // previous CPU samples, by container ID
+	cpuRate  vmstats.CPURate  // previous CPU samples, by container ID
+	samplers vmstats.Samplers // running hypervisors' /proc files, by container ID
 
 	pullAuths pullAuths
 

@@ -183,7 +183,7 @@ func (s *Server) hypervisor(c *store.Container) *vmstats.Process {
 	if c.State != store.ContainerRunning || c.VM.PID <= 0 {
 		return nil
 	}
-	proc, err := vmstats.ReadProcess(procRoot, c.VM.PID)
+	proc, err := s.samplers.Sample(procRoot, c.ID, c.VM.PID)
 	switch {
 	case errors.Is(err, vmstats.ErrGone):
 		s.log.Debug("the hypervisor of a running container is gone; its stats are zero", "container", c.ID, "pid", c.VM.PID)
@@ -192,6 +192,7 @@ func (s *Server) hypervisor(c *store.Container) *vmstats.Process {
 		s.log.Warn("reading the hypervisor's usage failed", "container", c.ID, "pid", c.VM.PID, "err", err)
 		return nil
 	case c.VM.PIDStart != 0 && proc.StartTicks != c.VM.PIDStart:
+		s.samplers.Close(c.ID)
 		s.log.Debug("the hypervisor's PID belongs to another process now; its stats are zero", "container", c.ID, "pid", c.VM.PID)
 		return nil
 	}
@@ -253,9 +254,11 @@ func (s *Server) podNetwork(sb *store.Sandbox, hypervisorPID int, now int64) *ru
 	}
 }
 
-// forgetRemovedContainers drops the CPU samples of containers that no longer exist.
+// forgetRemovedContainers drops the CPU samples and closes the /proc files of containers that no
+// longer exist.
 func (s *Server) forgetRemovedContainers() {
 	s.cpuRate.Forget(s.store.Containers.Has)
+	s.samplers.Forget(s.store.Containers.Has)
 }
 
 func zeroMemory(now int64) *runtimeapi.MemoryUsage {

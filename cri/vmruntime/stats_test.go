@@ -120,6 +120,11 @@ func TestStatsFromTheHypervisorProcess(t *testing.T) {
 	if n := s.cpuRate.Len(); n != 1 {
 		t.Fatalf("%d CPU samples kept, want 1 (running's): CPU %v", n, run.GetCpu())
 	}
+	// Only the running VM's hypervisor files stay open for the next sample: not those of the
+	// process that reused a PID.
+	if n := s.samplers.Len(); n != 1 {
+		t.Fatalf("%d containers' /proc files kept open, want 1 (running's)", n)
+	}
 	if used := run.GetWritableLayer().GetUsedBytes().GetValue(); used < 64<<10 || run.GetWritableLayer().GetInodesUsed().GetValue() != 1 {
 		t.Fatalf("running: writable layer %v", run.GetWritableLayer())
 	}
@@ -182,5 +187,8 @@ func TestStatsFromTheHypervisorProcess(t *testing.T) {
 	}
 	if n := s.cpuRate.Len(); n != 0 {
 		t.Fatalf("%d CPU samples kept after the containers went", n)
+	}
+	if n := s.samplers.Len(); n != 0 {
+		t.Fatalf("%d containers' /proc files kept open after the containers went", n)
 	}
 }
