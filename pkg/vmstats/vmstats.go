@@ -216,37 +216,46 @@ type Status struct {
 	VmRSS, RssAnon, RssShmem, VmSwap uint64
 }
 
-// ParseStatus parses /proc/<pid>/status. Kernel threads have no Vm* lines; they read as zero.
+// ParseStatus parses /proc/<pid>/status. Kernel threads have no Vm* lines; they read as zero. It
+// reads the lines in place: the stats RPCs parse one status per running VM.
 func ParseStatus(data []byte) (Status, error) {
 	var st Status
-	fields := map[string]*uint64{
-		"VmRSS": &st.VmRSS, "RssAnon": &st.RssAnon, "RssShmem": &st.RssShmem, "VmSwap": &st.VmSwap,
-	}
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	for sc.Scan() {
-		key, value, ok := strings.Cut(sc.Text(), ":")
-		dst := fields[key]
-		if !ok || dst == nil {
+	for line := range bytes.Lines(data) {
+		key, value, ok := bytes.Cut(bytes.TrimSuffix(line, []byte("\n")), []byte(":"))
+		if !ok {
 			continue
 		}
-		parts := strings.Fields(value)
-		if len(parts) == 0 {
+		var dst *uint64
+		switch string(key) {
+		case "VmRSS":
+			dst = &st.VmRSS
+		case "RssAnon":
+			dst = &st.RssAnon
+		case "RssShmem":
+			dst = &st.RssShmem
+		case "VmSwap":
+			dst = &st.VmSwap
+		default:
+			continue
+		}
+		number, unit, _ := bytes.Cut(bytes.TrimSpace(value), []byte(" "))
+		if len(number) == 0 {
 			return Status{}, fmt.Errorf("status: %s has no value", key)
 		}
-		v, err := strconv.ParseUint(parts[0], 10, 64)
+		v, err := strconv.ParseUint(string(number), 10, 64)
 		if err != nil {
 			return Status{}, fmt.Errorf("status: %s: %w", key, err)
 		}
-		switch {
-		case len(parts) == 1:
-		case len(parts) == 2 && parts[1] == "kB":
+		switch string(bytes.TrimSpace(unit)) {
+		case "":
+		case "kB":
 			v *= 1024
 		default:
 			return Status{}, fmt.Errorf("status: %s: unexpected value %q", key, value)
 		}
 		*dst = v
 	}
-	return st, sc.Err()
+	return st, nil
 }
 
 // Interface is one network interface's counters.
