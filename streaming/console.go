@@ -100,8 +100,13 @@ func socketOpener(path string) Opener {
 	}
 }
 
-// consoleTail is how much recent console output is kept for a look in verbose status.
-const consoleTail = 64 << 10
+// consoleTail is how much recent console output is kept for a look in verbose status: a kernel
+// panic's trace, or a boot's last screens. It is held for every running VM.
+const consoleTail = 16 << 10
+
+// consoleRead is the console's read buffer, per running VM: a serial console delivers a few
+// hundred bytes at a time.
+const consoleRead = 4 << 10
 
 // reconnectDelay paces reconnection to a console that went away (a VM restarting, a serial
 // socket the hypervisor reopened).
@@ -151,7 +156,7 @@ func (c *Console) Run(ctx context.Context) {
 func (c *Console) Done() <-chan struct{} { return c.done }
 
 func (c *Console) pump(conn io.Reader) {
-	buf := make([]byte, 32<<10)
+	buf := make([]byte, consoleRead)
 	for {
 		n, err := conn.Read(buf)
 		if n > 0 {

@@ -46,11 +46,22 @@ type Tail struct {
 func (t *Tail) Write(p []byte) (int, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.buf = append(t.buf, p...)
-	if over := len(t.buf) - t.Max; over > 0 {
-		t.buf = append(t.buf[:0], t.buf[over:]...)
+	n := len(p)
+	if len(p) > t.Max {
+		p = p[len(p)-t.Max:]
 	}
-	return len(p), nil
+	if over := len(t.buf) + len(p) - t.Max; over > 0 {
+		t.buf = t.buf[:copy(t.buf, t.buf[over:])]
+	}
+	// Grown by hand: append's doubling would hold up to twice Max for good (a console's tail
+	// lives as long as its VM).
+	if need := len(t.buf) + len(p); need > cap(t.buf) {
+		grown := make([]byte, len(t.buf), min(max(need, 2*cap(t.buf)), t.Max))
+		copy(grown, t.buf)
+		t.buf = grown
+	}
+	t.buf = append(t.buf, p...)
+	return n, nil
 }
 
 // String is the kept tail.

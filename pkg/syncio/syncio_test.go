@@ -55,4 +55,14 @@ func TestTailKeepsTheLastBytes(t *testing.T) {
 	if got := tail.String(); got != "de world" {
 		t.Fatalf("tail %q, want the last 8 bytes %q", got, "de world")
 	}
+	if n, err := tail.Write([]byte("a write longer than Max")); n != 23 || err != nil {
+		t.Fatalf("a long write: %d, %v", n, err)
+	}
+	if got := tail.String(); got != "than Max" {
+		t.Fatalf("tail %q after a long write, want %q", got, "than Max")
+	}
+	tail.Write([]byte("!"))
+	if got := tail.String(); got != "han Max!" || cap(tail.buf) != 8 {
+		t.Fatalf("tail %q in %d bytes, want %q in Max", got, cap(tail.buf), "han Max!")
+	}
 }
