@@ -24,10 +24,12 @@ type counterSockets struct {
 }
 
 // counterSocket is a route netlink socket in one pod namespace, and the pod interface's index
-// there once looked up.
+// there once looked up. mu keeps it to one query at a time, and from being closed during one.
 type counterSocket struct {
+	mu      sync.Mutex
 	handle  *nl.SocketHandle
 	ifindex uint32
+	closed  bool
 }
 
 // errNamespaceGoing is returned for a namespace RemoveNetNS is removing.
@@ -41,13 +43,14 @@ var counterTimeout = unix.Timeval{Sec: 5}
 // while no VM holds it. A VM's hypervisor runs in the namespace that holds it then, and its
 // /proc/<pid>/net/dev is the cheaper read.
 func (n *NetNS) PodInterfaceCounters(podNetNS string) (vmstats.Interface, error) {
-	c := &n.counters
-	// Held across the query too: a socket is not to be closed while it is used.
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	s, err := c.socket(podNetNS)
+	s, err := n.counters.socket(podNetNS)
 	if err != nil {
 		return vmstats.Interface{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return vmstats.Interface{}, fmt.Errorf("counters of %s: %w", podNetNS, errNamespaceGoing)
 	}
 	st, err := s.counters()
 	if err != nil {
@@ -139,8 +142,10 @@ func nativeUint64(b []byte) uint64 {
 	return binary.BigEndian.Uint64(b)
 }
 
-// socket is the namespace's socket, opened at its first use. The caller holds c.mu.
+// socket is the namespace's socket, opened at its first use.
 func (c *counterSockets) socket(path string) (*counterSocket, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.removing[path] {
 		return nil, fmt.Errorf("counters of %s: %w", path, errNamespaceGoing)
 	}
@@ -168,18 +173,23 @@ func (c *counterSockets) socket(path string) (*counterSocket, error) {
 	return s, nil
 }
 
-// closeFor closes the namespace's socket and keeps another from opening until done is called.
+// closeFor closes the namespace's socket, once a query in flight is done, and keeps another from
+// opening until done is called.
 func (c *counterSockets) closeFor(path string) (done func()) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if s := c.sockets[path]; s != nil {
-		s.handle.Socket.Close()
-		delete(c.sockets, path)
-	}
+	s := c.sockets[path]
+	delete(c.sockets, path)
 	if c.removing == nil {
 		c.removing = map[string]bool{}
 	}
 	c.removing[path] = true
+	c.mu.Unlock()
+	if s != nil {
+		s.mu.Lock()
+		s.handle.Socket.Close()
+		s.closed = true
+		s.mu.Unlock()
+	}
 	return func() {
 		c.mu.Lock()
 		defer c.mu.Unlock()

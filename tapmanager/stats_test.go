@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -72,6 +73,30 @@ func TestPodInterfaceCounters(t *testing.T) {
 	// inode among the live ones.
 	if nsStillAlive(t, ns.Ino) {
 		t.Fatalf("namespace %d (veth %s) outlived RemoveNetNS: a socket still holds it", ns.Ino, peer.Attrs().Name)
+	}
+}
+
+// Counters read while the namespace is removed either answer or fail; none reads a closed socket
+// (run with -race), and no socket is left behind.
+func TestPodInterfaceCountersDuringRemoval(t *testing.T) {
+	n, path := podNamespaceWithInterface(t)
+	if _, err := n.PodInterfaceCounters(path); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for range 50 {
+				_, _ = n.PodInterfaceCounters(path)
+			}
+		})
+	}
+	if err := n.RemoveNetNS(path); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if len(n.counters.sockets)+len(n.counters.removing) != 0 {
+		t.Fatalf("sockets kept after the removal: %v %v", n.counters.sockets, n.counters.removing)
 	}
 }
 

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"io/fs"
+	"runtime"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -49,10 +52,8 @@ func (s *Server) listContainerStats(f *runtimeapi.ContainerStatsFilter) []*runti
 		return matchLabels(c.Config.Msg.GetLabels(), f.GetLabelSelector())
 	})
 	now := s.now()
-	out := make([]*runtimeapi.ContainerStats, 0, len(records))
-	for _, c := range records {
-		out = append(out, s.sampleContainer(c, now).stats)
-	}
+	out := make([]*runtimeapi.ContainerStats, len(records))
+	inParallel(len(records), func(i int) { out[i] = s.sampleContainer(records[i], now).stats })
 	s.forgetRemovedContainers()
 	return out
 }
@@ -92,12 +93,25 @@ func (s *Server) listSandboxStats(f *runtimeapi.PodSandboxStatsFilter) []*runtim
 	for _, c := range s.store.Containers.List(nil) {
 		bySandbox[c.SandboxID] = append(bySandbox[c.SandboxID], c)
 	}
-	out := make([]*runtimeapi.PodSandboxStats, 0, len(records))
-	for _, sb := range records {
-		out = append(out, s.sandboxStats(sb, bySandbox[sb.ID]))
-	}
+	out := make([]*runtimeapi.PodSandboxStats, len(records))
+	inParallel(len(records), func(i int) { out[i] = s.sandboxStats(records[i], bySandbox[records[i].ID]) })
 	s.forgetRemovedContainers()
 	return out
+}
+
+// inParallel calls fn(0) to fn(n-1) on up to GOMAXPROCS goroutines: a stats list reads every
+// pod's files and sockets, each read a system call, so a node's cores share the work.
+func inParallel(n int, fn func(i int)) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(n, runtime.GOMAXPROCS(0)) {
+		wg.Go(func() {
+			for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
+				fn(i)
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // sandboxStats adds up the sandbox's containers (at most one VM runs) and reads the pod
@@ -111,14 +125,14 @@ func (s *Server) sandboxStats(sb *store.Sandbox, containers []*store.Container) 
 		Memory:  zeroMemory(now),
 		Process: &runtimeapi.ProcessUsage{Timestamp: now, ProcessCount: u64(0)},
 	}
-	runningPID := 0
+	var running *store.Container
 	for _, c := range containers {
 		smp := s.sampleContainer(c, now)
 		linux.Containers = append(linux.Containers, smp.stats)
 		if smp.proc == nil {
 			continue
 		}
-		runningPID = c.VM.PID
+		running = c
 		addValue(&linux.Cpu.UsageCoreNanoSeconds, smp.stats.Cpu.GetUsageCoreNanoSeconds().GetValue())
 		addValue(&linux.Cpu.UsageNanoCores, smp.stats.Cpu.GetUsageNanoCores().GetValue())
 		m := smp.stats.Memory
@@ -130,7 +144,7 @@ func (s *Server) sandboxStats(sb *store.Sandbox, containers []*store.Container) 
 		// On the host a VM is one process, its hypervisor (the guest's processes are inside it).
 		addValue(&linux.Process.ProcessCount, 1)
 	}
-	linux.Network = s.podNetwork(sb, runningPID, now)
+	linux.Network = s.podNetwork(sb, running, now)
 	return &runtimeapi.PodSandboxStats{
 		Attributes: &runtimeapi.PodSandboxAttributes{
 			Id: sb.ID, Metadata: cfg.GetMetadata(), Labels: cfg.GetLabels(), Annotations: cfg.GetAnnotations(),
@@ -221,14 +235,14 @@ func (s *Server) writableLayer(c *store.Container, now int64) *runtimeapi.Filesy
 	}
 }
 
-// podNetwork reads the pod interface: in the namespace of the running VM's hypervisor, which
-// holds it, or in the pod's namespace while no VM does. Nil when neither has it (the sandbox was
-// detached from the network).
-func (s *Server) podNetwork(sb *store.Sandbox, hypervisorPID int, now int64) *runtimeapi.NetworkUsage {
+// podNetwork reads the pod interface: in the namespace of the running container's hypervisor,
+// which holds it, or in the pod's namespace while no VM does. Nil when neither has it (the
+// sandbox was detached from the network).
+func (s *Server) podNetwork(sb *store.Sandbox, running *store.Container, now int64) *runtimeapi.NetworkUsage {
 	var iface vmstats.Interface
 	found := false
-	if hypervisorPID > 0 {
-		ifaces, err := vmstats.ReadNetDev(procRoot, hypervisorPID)
+	if running != nil {
+		ifaces, err := s.samplers.NetDev(procRoot, running.ID, running.VM.PID)
 		if err == nil {
 			iface, found = vmstats.FindInterface(ifaces, tapmanager.VMIfName)
 		}

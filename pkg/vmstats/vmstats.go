@@ -58,8 +58,11 @@ func ReadProcess(procRoot string, pid int) (*Process, error) {
 // reads fail (ESRCH) rather than read another process that got the same PID.
 type ProcessFiles struct {
 	pid          int
+	dir          string
 	stat, status *os.File
-	buf          []byte
+	// netDev is opened at the first NetDev: it holds the process's network namespace alive.
+	netDev *os.File
+	buf    []byte
 }
 
 // OpenProcess opens process pid's files under procRoot.
@@ -77,7 +80,7 @@ func OpenProcess(procRoot string, pid int) (*ProcessFiles, error) {
 		stat.Close()
 		return nil, gone(pid, err)
 	}
-	return &ProcessFiles{pid: pid, stat: stat, status: status}, nil
+	return &ProcessFiles{pid: pid, dir: dir, stat: stat, status: status}, nil
 }
 
 // PID is the process the files belong to.
@@ -85,7 +88,28 @@ func (f *ProcessFiles) PID() int { return f.pid }
 
 // Close closes the files.
 func (f *ProcessFiles) Close() error {
-	return errors.Join(f.stat.Close(), f.status.Close())
+	err := errors.Join(f.stat.Close(), f.status.Close())
+	if f.netDev != nil {
+		err = errors.Join(err, f.netDev.Close())
+	}
+	return err
+}
+
+// NetDev reads the interfaces of the process's network namespace (ReadNetDev), through a file
+// kept open from the first call. It is not safe for concurrent use.
+func (f *ProcessFiles) NetDev() ([]Interface, error) {
+	if f.netDev == nil {
+		file, err := os.Open(filepath.Join(f.dir, "net", "dev"))
+		if err != nil {
+			return nil, gone(f.pid, err)
+		}
+		f.netDev = file
+	}
+	data, err := f.read(f.netDev)
+	if err != nil {
+		return nil, gone(f.pid, err)
+	}
+	return ParseNetDev(data)
 }
 
 // Sample reads the process's usage now. It is not safe for concurrent use.
