@@ -20,7 +20,7 @@ import (
 )
 
 // statsServer is a server over a fresh store, enough for the stats RPCs (which never call cocoon).
-func statsServer(t *testing.T) (*Server, string) {
+func statsServer(t testing.TB) (*Server, string) {
 	t.Helper()
 	dir := t.TempDir()
 	st := storetest.Open(t)
