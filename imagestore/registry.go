@@ -46,14 +46,17 @@ type registryClient struct {
 }
 
 func newRegistryClient(insecure []string, caFile string) (*registryClient, error) {
-	roots, err := x509.SystemCertPool()
-	if err != nil {
-		roots = x509.NewCertPool()
-	}
+	// Without a CA file the roots stay nil: crypto/tls then loads the system's on the first TLS
+	// pull, not at every start of the daemon (which then read and parsed the whole of
+	// /etc/ssl/certs before answering, docs/profiles.md).
+	var roots *x509.CertPool
 	if caFile != "" {
 		pem, err := os.ReadFile(caFile)
 		if err != nil {
 			return nil, fmt.Errorf("registry CA file: %w", err)
+		}
+		if roots, err = x509.SystemCertPool(); err != nil {
+			roots = x509.NewCertPool()
 		}
 		if !roots.AppendCertsFromPEM(pem) {
 			return nil, fmt.Errorf("registry CA file %s holds no PEM certificate", caFile)

@@ -26,8 +26,12 @@ import (
 	"github.com/cocoonstack/cocoon-cri/tapmanager"
 )
 
-// stateFile is the database inside --state-dir.
-const stateFile = "cocoon-cri.db"
+const (
+	// stateFile is the database inside --state-dir.
+	stateFile = "cocoon-cri.db"
+	// capabilitiesFile inside --state-dir keeps what the cocoon binary was found to offer.
+	capabilitiesFile = "cocoon-capabilities.json"
+)
 
 func runDaemon(parent context.Context, o *options) error {
 	log := o.logger()
@@ -73,8 +77,10 @@ func runDaemon(parent context.Context, o *options) error {
 		LogDir:   o.cocoonLogDir,
 		Timeout:  o.cocoonTimeout,
 		MaxCalls: o.maxCocoonCalls,
-		Logger:   log.With("component", "cocoon"),
-		Observe:  m.CocoonCall,
+		// A restart asks cocoon for its version only, while neither binary changed.
+		CapabilitiesFile: filepath.Join(o.stateDir, capabilitiesFile),
+		Logger:           log.With("component", "cocoon"),
+		Observe:          m.CocoonCall,
 	})
 	images, err := imagestore.New(st, cc, log.With("component", "images"), imagestore.Dirs{
 		Root: orDefault(o.cocoonRootDir, cocoonDefaultRootDir),
@@ -156,6 +162,10 @@ func runDaemon(parent context.Context, o *options) error {
 		}
 	}()
 
+	// The capability probe (the version on a restart, the whole help on a first start) runs beside
+	// the recovery's listing: the first answer needs both. A failure here is asked again by the
+	// first caller.
+	go func() { _, _ = cc.Capabilities(ctx) }()
 	if err := vms.Recover(ctx); err != nil {
 		return fmt.Errorf("recover state: %w", err)
 	}

@@ -2,11 +2,19 @@ package cocoon
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/atomicfile"
 )
 
 // Capabilities are what a cocoon binary offers of what cocoon-cri uses, learned from the binary
@@ -38,7 +46,8 @@ type Capabilities struct {
 
 // Capabilities probes the binary once and caches the answer, shared by every client of that
 // binary path: it cannot change while the binary does not. A probe that fails is not cached: the
-// next call asks again.
+// next call asks again. With Options.CapabilitiesFile, a restarted cocoon-cri asks only for the
+// version while neither binary changed.
 func (c *Client) Capabilities(ctx context.Context) (Capabilities, error) {
 	return probes.get(ctx, c)
 }
@@ -99,12 +108,102 @@ func (p *capabilityCache) run(ctx context.Context, c *Client, call *probeCall) {
 	close(call.done)
 }
 
+// probe asks the binary for its version, then reuses the help probe an earlier cocoon-cri process
+// kept in Options.CapabilitiesFile for the same two binaries and version, or reads the help anew.
 func probe(ctx context.Context, c *Client) (Capabilities, error) {
 	v, err := c.Version(ctx)
 	if err != nil {
 		return Capabilities{}, fmt.Errorf("probe cocoon: %w", err)
 	}
-	caps := Capabilities{Version: v.Version}
+	file := c.opts.CapabilitiesFile
+	if file == "" {
+		return probeHelp(ctx, c, v.Version)
+	}
+	key, err := probeKey(c.opts.Binary, v.Version)
+	if err != nil {
+		c.opts.Logger.Warn("cocoon's capabilities cannot be kept across restarts", "err", err)
+		return probeHelp(ctx, c, v.Version)
+	}
+	if caps, ok := loadProbe(file, key); ok {
+		return caps, nil
+	}
+	caps, err := probeHelp(ctx, c, v.Version)
+	if err != nil {
+		return Capabilities{}, err
+	}
+	if err := saveProbe(file, key, caps); err != nil {
+		c.opts.Logger.Warn("cocoon's capabilities cannot be kept across restarts", "err", err)
+	}
+	return caps, nil
+}
+
+// keptProbe is the CapabilitiesFile's content.
+type keptProbe struct {
+	Key          string       `json:"key"`
+	Capabilities Capabilities `json:"capabilities"`
+}
+
+// probeKey names what a probe's answer depends on: the cocoon binary (by path and file identity,
+// which any replacement changes: a new inode, size, mtime or ctime), the version it reports (a
+// wrapper script's target can change under it) and cocoon-cri's own executable (whose probe reads
+// the help).
+func probeKey(binary, version string) (string, error) {
+	path, err := exec.LookPath(binary)
+	if err != nil {
+		return "", err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return "", err
+	}
+	cocoonID, err := fileIdentity(path)
+	if err != nil {
+		return "", err
+	}
+	selfID, err := fileIdentity(self)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("cocoon %s %s %s; cocoon-cri %s %s", path, cocoonID, version, self, selfID), nil
+}
+
+func fileIdentity(path string) (string, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return "", fmt.Errorf("stat %s: %w", path, err)
+	}
+	return fmt.Sprintf("dev=%d ino=%d size=%d mtime=%d.%09d ctime=%d.%09d",
+		st.Dev, st.Ino, st.Size, st.Mtim.Sec, st.Mtim.Nsec, st.Ctim.Sec, st.Ctim.Nsec), nil
+}
+
+// loadProbe returns the kept answer when its key is key; anything else (no file, another key, a
+// damaged file) means probing anew.
+func loadProbe(file, key string) (Capabilities, bool) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return Capabilities{}, false
+	}
+	var kept keptProbe
+	if json.Unmarshal(data, &kept) != nil || kept.Key != key {
+		return Capabilities{}, false
+	}
+	return kept.Capabilities, true
+}
+
+func saveProbe(file, key string, caps Capabilities) error {
+	data, err := json.Marshal(keptProbe{Key: key, Capabilities: caps})
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(file), 0o700); err != nil {
+		return err
+	}
+	return atomicfile.Write(file, data, 0o600)
+}
+
+// probeHelp reads what the binary offers from the --help of the subcommands whose flags changed.
+func probeHelp(ctx context.Context, c *Client, version string) (Capabilities, error) {
+	caps := Capabilities{Version: version}
 	help := func(args ...string) (string, error) {
 		out, err := c.run(ctx, call{args: append(args, "--help"), timeout: probeTimeout})
 		if err != nil {

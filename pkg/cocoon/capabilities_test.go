@@ -171,3 +171,55 @@ func TestCapabilitiesWaitNoLongerThanTheCallersContext(t *testing.T) {
 		t.Fatalf("the probe in flight: %v", err)
 	}
 }
+
+// A restarted cocoon-cri (a new probe, the same file) asks only for the version while nothing
+// changed; a replaced binary, another version or a damaged file means the whole probe again.
+func TestCapabilitiesAreKeptAcrossRestarts(t *testing.T) {
+	c, dir := fakeCocoon(t, v05Probe()...)
+	c.opts.CapabilitiesFile = filepath.Join(t.TempDir(), "state", "cocoon-capabilities.json")
+	v05 := Capabilities{Version: "v0.5.1", Exec: true, CloneRestoreMode: true, ReseedMachineID: true, DiskAttach: true, DeviceAttach: true, FsAttach: true}
+	calledBefore := 0
+	restart := func(what string, want Capabilities, wantCalls int) {
+		t.Helper()
+		caps, err := probe(context.Background(), c)
+		if err != nil || caps != want {
+			t.Fatalf("%s: %+v %v, want %+v", what, caps, err, want)
+		}
+		all := calls(t, dir)
+		if n := len(all) - calledBefore; n != wantCalls {
+			t.Fatalf("%s: %d cocoon calls (%v), want %d", what, n, all[calledBefore:], wantCalls)
+		}
+		calledBefore = len(all)
+	}
+	restart("first start", v05, 8)
+	restart("restart", v05, 1)
+
+	// Replaced as a package manager does: a new file renamed over the old one.
+	bin := filepath.Join(dir, "cocoon")
+	script, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin+".new", script, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(bin+".new", bin); err != nil {
+		t.Fatal(err)
+	}
+	restart("replaced binary", v05, 8)
+	restart("restart after the replacement", v05, 1)
+
+	// The binary stays, the version it reports changes (a wrapper's target was upgraded).
+	if err := os.WriteFile(filepath.Join(dir, "out0"), []byte(versionOutput("v0.5.2")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	v052 := v05
+	v052.Version = "v0.5.2"
+	restart("another version", v052, 8)
+
+	if err := os.WriteFile(c.opts.CapabilitiesFile, []byte(`{"key": 7`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	restart("damaged file", v052, 8)
+	restart("restart after the damaged file", v052, 1)
+}

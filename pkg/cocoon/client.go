@@ -49,7 +49,11 @@ type Options struct {
 	// on two cores spend the CPUs polling the lock (docs/profiles.md). A call waits for a slot
 	// before its timeout starts.
 	MaxCalls int
-	Logger   *slog.Logger
+	// CapabilitiesFile, when set, keeps the capability probe's answer across restarts: the
+	// probe's eight cocoon calls become one (the version) while cocoon, its version and
+	// cocoon-cri's own executable stay the same.
+	CapabilitiesFile string
+	Logger           *slog.Logger
 	// Observe, when set, is told the duration and outcome of every call, by subcommand ("vm clone").
 	Observe func(subcommand string, took time.Duration, err error)
 }

@@ -148,8 +148,18 @@ func (n *node) inNode(fn func() error) {
 func (n *node) start() {
 	n.t.Helper()
 	n.launch()
-	if err := n.daemon.WaitReady(time.Minute, 100*time.Millisecond, func() error {
-		_, err := n.crictl("version")
+	// Asked in-process: a crictl per poll cost more CPU than the daemon's whole start, on every
+	// restart of the crash harness. A connection per poll: one that failed would wait out gRPC's
+	// reconnect backoff (a second and more) before it tried again.
+	if err := n.daemon.WaitReady(time.Minute, 20*time.Millisecond, func() error {
+		conn, err := grpc.NewClient("unix://"+n.socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, err = runtimeapi.NewRuntimeServiceClient(conn).Version(ctx, &runtimeapi.VersionRequest{})
 		return err
 	}); err != nil {
 		n.t.Fatalf("cocoon-cri: %v\n%s", err, n.log())
