@@ -183,6 +183,14 @@ func TestErrorsAreClassifiedFromStderr(t *testing.T) {
 			kind:   ErrInUse,
 		},
 		{
+			name:   "VFIO group held by another VM",
+			stderr: "Error: vm.add-device: cloud-hypervisor: 500: DeviceManager(VfioCreate(OpenGroup(Os { code: 16, kind: ResourceBusy, message: \"Device or resource busy\" })))\n",
+			run: func(c *Client) error {
+				return c.VMDeviceAttach(context.Background(), "vm", "0000:01:00.0", "vfio-0000-01-00.0")
+			},
+			kind: ErrInUse,
+		},
+		{
 			name:   "snapshot rm missing",
 			stderr: "Error: rm: resolve \"x\": snapshot not found\n",
 			run:    func(c *Client) error { return c.SnapshotRemove(context.Background(), "x") },

@@ -99,6 +99,10 @@ var errorPatterns = []struct {
 	{"already exists", ErrAlreadyExists},
 	{"already in use by", ErrAlreadyExists},
 	{"force required", ErrInUse},
+	// EBUSY as cloud-hypervisor relays it through vm.add-device (Rust's wording) and as Go words
+	// it: a VFIO group another VM holds opens once.
+	{"Device or resource busy", ErrInUse},
+	{"device or resource busy", ErrInUse},
 	{"unknown command", ErrUnsupported},
 	{"unknown flag", ErrUnsupported},
 	{"unknown shorthand flag", ErrUnsupported},

@@ -107,7 +107,8 @@ func TestVFIOGroupsReachTheVM(t *testing.T) {
 	gpu(cfg)
 	ctrFile := n.configFile("gpu-b-ctr.json", cfg)
 	busy := n.mustCrictl("create", "--no-pull", podB, ctrFile, podFile)
-	if _, err := n.crictl("start", busy); err == nil || !strings.Contains(err.Error(), "device or resource busy") {
+	if _, err := n.crictl("start", busy); err == nil || !strings.Contains(err.Error(), "code = FailedPrecondition") ||
+		!strings.Contains(err.Error(), "device or resource busy") {
 		t.Fatalf("a second VM took a held group: %v", err)
 	}
 	if msg := field(n.inspect("inspect", busy), "status", "message"); !strings.Contains(fmt.Sprint(msg), "attach PCI device 0000:01:00.0 of "+group7) {
