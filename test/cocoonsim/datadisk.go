@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
-	"regexp"
 	"strings"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
@@ -19,7 +18,7 @@ const (
 // minDataDiskSize is cocoon's 16 MiB floor for --data-disk.
 const minDataDiskSize int64 = 16 << 20
 
-var dataDiskNameRe = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,19}$`)
+var dataDiskNameRe = lazyRegexp(`^[a-z][a-z0-9_-]{0,19}$`)
 
 // dataDiskSpec is one parsed --data-disk.
 type dataDiskSpec struct {
@@ -32,7 +31,7 @@ type dataDiskSpec struct {
 }
 
 func validDataDiskName(s string) bool {
-	return dataDiskNameRe.MatchString(s) && !strings.HasPrefix(s, "cocoon-")
+	return dataDiskNameRe().MatchString(s) && !strings.HasPrefix(s, "cocoon-")
 }
 
 // dataDiskFileName is the file a data disk lives in, inside the VM's run directory.

@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -22,10 +21,10 @@ import (
 // guest.SysfsEnv's directory when set.
 
 var (
-	bdfShortRE = regexp.MustCompile(`^[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$`)
-	bdfFullRE  = regexp.MustCompile(`^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$`)
+	bdfShortRE = lazyRegexp(`^[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$`)
+	bdfFullRE  = lazyRegexp(`^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$`)
 	// deviceIDRE is cloud-hypervisor's rule for a device ID; cocoon keeps cocoon- for itself.
-	deviceIDRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
+	deviceIDRE = lazyRegexp(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
 )
 
 func (a *app) deviceCommand() *cobra.Command {
@@ -58,7 +57,7 @@ func (a *app) deviceAttach(cmd *cobra.Command, args []string) error {
 	}
 	pci, _ := cmd.Flags().GetString("pci")
 	id, _ := cmd.Flags().GetString("id")
-	if id != "" && (strings.HasPrefix(id, "cocoon-") || !deviceIDRE.MatchString(id)) {
+	if id != "" && (strings.HasPrefix(id, "cocoon-") || !deviceIDRE().MatchString(id)) {
 		return fmt.Errorf("id %q invalid: must match [A-Za-z0-9][A-Za-z0-9_.-]{0,63} and not start with cocoon-", id)
 	}
 	path, err := normalizePCIPath(pci)
@@ -161,15 +160,15 @@ func normalizePCIPath(input string) (string, error) {
 		if !ok {
 			return "", fmt.Errorf("pci %q invalid: absolute path must be under %s", input, guest.SysfsPCIPrefix)
 		}
-		if bdf = strings.ToLower(bdf); !bdfFullRE.MatchString(bdf) {
+		if bdf = strings.ToLower(bdf); !bdfFullRE().MatchString(bdf) {
 			return "", fmt.Errorf("pci %q invalid: sysfs BDF suffix must match 0000:xx:yy.z", input)
 		}
 		return guest.SysfsPCIPrefix + bdf, nil
 	}
 	switch low := strings.ToLower(in); {
-	case bdfFullRE.MatchString(low):
+	case bdfFullRE().MatchString(low):
 		return guest.SysfsPCIPrefix + low, nil
-	case bdfShortRE.MatchString(low):
+	case bdfShortRE().MatchString(low):
 		return guest.SysfsPCIPrefix + "0000:" + low, nil
 	}
 	return "", fmt.Errorf("pci %q invalid: expect BDF (01:00.0 / 0000:01:00.0) or sysfs path", input)

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"path/filepath"
-	"regexp"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -22,7 +21,7 @@ import (
 // cocoon never deletes the file. Firecracker VMs boot on MMIO here, which takes no hot-plug.
 
 // diskNameRE is the rule for a disk name: the guest serial, which Linux cuts at 20 bytes.
-var diskNameRE = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,19}$`)
+var diskNameRE = lazyRegexp(`^[a-z][a-z0-9_-]{0,19}$`)
 
 // diskIDPrefix makes a disk's CH device ID from its name: the detach key.
 const diskIDPrefix = "cocoon-disk-"
@@ -180,8 +179,8 @@ func validateDiskSpec(path, name string) error {
 		return fmt.Errorf("path must be absolute, got %q", path)
 	case name == "":
 		return errors.New("name is required")
-	case !diskNameRE.MatchString(name) || strings.HasPrefix(name, "cocoon-"):
-		return fmt.Errorf("name %q invalid: must match %s", name, diskNameRE)
+	case !diskNameRE().MatchString(name) || strings.HasPrefix(name, "cocoon-"):
+		return fmt.Errorf("name %q invalid: must match %s", name, diskNameRE())
 	}
 	return nil
 }
@@ -203,7 +202,7 @@ func attachedDisks(ctx context.Context, vm *cocoon.VM) []attachedDisk {
 	}
 	var disks []attachedDisk
 	for _, d := range info.Config.Disks {
-		if name, ok := strings.CutPrefix(d.ID, diskIDPrefix); ok && diskNameRE.MatchString(name) {
+		if name, ok := strings.CutPrefix(d.ID, diskIDPrefix); ok && diskNameRE().MatchString(name) {
 			disks = append(disks, attachedDisk{ID: d.ID, Name: name, Path: d.Path, ReadOnly: d.ReadOnly})
 		}
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"regexp"
 
 	"github.com/spf13/cobra"
 
@@ -20,7 +19,7 @@ import (
 // VM's hypervisor process, and nothing re-attaches it at the next start.
 
 // fsTagRE is cocoon's rule for a tag: also the suffix of the device ID cocoon-fs-<tag>.
-var fsTagRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_-]{0,35}$`)
+var fsTagRE = lazyRegexp(`^[a-zA-Z0-9][a-zA-Z0-9_-]{0,35}$`)
 
 const (
 	fsIDPrefix          = "cocoon-fs-"
@@ -71,7 +70,7 @@ func (s *fsSpec) normalize() error {
 		return fmt.Errorf("socket must be absolute, got %q", s.socket)
 	case s.tag == "":
 		return errors.New("tag is required")
-	case !fsTagRE.MatchString(s.tag):
+	case !fsTagRE().MatchString(s.tag):
 		return fmt.Errorf("tag %q invalid: must match [A-Za-z0-9][A-Za-z0-9_-]{0,35}", s.tag)
 	case s.numQueues < 0:
 		return fmt.Errorf("num-queues must be non-negative, got %d", s.numQueues)

@@ -5,6 +5,7 @@ import (
 	"regexp"
 	"runtime"
 	"strings"
+	"sync"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -14,9 +15,9 @@ import (
 )
 
 var (
-	validVMName   = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$`)
-	validUsername = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
-	shellUnsafe   = regexp.MustCompile("[`$;|&(){}\\\\<>!]")
+	validVMName   = lazyRegexp(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$`)
+	validUsername = lazyRegexp(`^[a-z_][a-z0-9_-]{0,31}$`)
+	shellUnsafe   = lazyRegexp("[`$;|&(){}\\\\<>!]")
 )
 
 // vmSpec is a VM configuration as the commands build it: the persisted part (cocoon.VMConfig) and
@@ -34,8 +35,8 @@ func (s *vmSpec) validate() error {
 	switch {
 	case s.Name == "":
 		return fmt.Errorf("vm name cannot be empty")
-	case !validVMName.MatchString(s.Name):
-		return fmt.Errorf("vm name %q is invalid: must match %s (max 63 chars)", s.Name, validVMName.String())
+	case !validVMName().MatchString(s.Name):
+		return fmt.Errorf("vm name %q is invalid: must match %s (max 63 chars)", s.Name, validVMName().String())
 	case s.CPU <= 0:
 		return fmt.Errorf("--cpu must be at least 1, got %d", s.CPU)
 	case s.Memory < 512<<20:
@@ -46,9 +47,9 @@ func (s *vmSpec) validate() error {
 		return fmt.Errorf("--queue-size must be non-negative, got %d", s.QueueSize)
 	case s.DiskQueueSize < 0:
 		return fmt.Errorf("--disk-queue-size must be non-negative, got %d", s.DiskQueueSize)
-	case s.User != "" && !validUsername.MatchString(s.User):
+	case s.User != "" && !validUsername().MatchString(s.User):
 		return fmt.Errorf("--user %q is invalid: must be a lowercase Linux username (letters, digits, underscores, hyphens)", s.User)
-	case s.Password != "" && shellUnsafe.MatchString(s.Password):
+	case s.Password != "" && shellUnsafe().MatchString(s.Password):
 		return fmt.Errorf("--password contains unsafe shell characters (backtick, $, ;, |, &, etc.)")
 	}
 	return nil
@@ -223,8 +224,8 @@ func validateHostCPU(cpu int) error {
 }
 
 var (
-	refComponent = regexp.MustCompile(`^[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*$`)
-	refTag       = regexp.MustCompile(`^[\w][\w.-]{0,127}$`)
+	refComponent = lazyRegexp(`^[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*$`)
+	refTag       = lazyRegexp(`^[\w][\w.-]{0,127}$`)
 )
 
 // defaultVMName is cocoon's sanitizeVMName: "cocoon-<repo>[-<tag>]" from an image reference,
@@ -254,7 +255,7 @@ func splitImageRef(ref string) (repo, tag string, ok bool) {
 		name = name[:at]
 	} else if colon := strings.LastIndex(name, ":"); colon > strings.LastIndex(name, "/") {
 		name, tag = name[:colon], name[colon+1:]
-		if !refTag.MatchString(tag) {
+		if !refTag().MatchString(tag) {
 			return "", "", false
 		}
 	}
@@ -263,9 +264,15 @@ func splitImageRef(ref string) (repo, tag string, ok bool) {
 		parts = parts[1:]
 	}
 	for _, p := range parts {
-		if !refComponent.MatchString(p) {
+		if !refComponent().MatchString(p) {
 			return "", "", false
 		}
 	}
 	return strings.TrimPrefix(strings.Join(parts, "/"), "library/"), tag, true
+}
+
+// lazyRegexp compiles pattern on first use: every simulator process is one short command, and
+// compiling all of its patterns at start cost about 4 ms of each (docs/profiles.md).
+func lazyRegexp(pattern string) func() *regexp.Regexp {
+	return sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(pattern) })
 }
