@@ -3,6 +3,7 @@ package cri
 import (
 	"context"
 	"errors"
+	"syscall"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -39,6 +40,8 @@ func codeOf(err error) codes.Code {
 		return codes.InvalidArgument
 	case errors.Is(err, cocoon.ErrInUse):
 		return codes.FailedPrecondition
+	case errors.Is(err, cocoon.ErrNoSpace), errors.Is(err, syscall.ENOSPC):
+		return codes.ResourceExhausted
 	case errors.Is(err, cocoon.ErrUnsupported):
 		return codes.Unimplemented
 	case errors.Is(err, imagestore.ErrUnauthenticated):

@@ -7,10 +7,12 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"os"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/cocoonstack/cocoon-cri/pkg/checkpoint"
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
 )
@@ -22,6 +24,20 @@ const localNamePrefix = "cri-sha256-"
 // one digest share one artifact.
 func LocalName(id string) string {
 	return localNamePrefix + strings.TrimPrefix(id, "sha256:")
+}
+
+// FileDigest is the sha256 digest of a file's content, as Import expects it.
+func FileDigest(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", fmt.Errorf("read %s: %w", path, err)
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // Import brings an artifact from r into cocoon and records it under ref: a cocoon snapshot archive
@@ -55,13 +71,18 @@ func (s *Service) importLocked(ctx context.Context, id, tag string, r io.Reader)
 	if img, err := s.store.Images.Get(id); err == nil {
 		return s.commit(img, tag)
 	}
-	br := bufio.NewReaderSize(r, peekSize)
+	// The digest covers the whole stream, a checkpoint's metadata entry included.
+	hash := sha256.New()
+	br := bufio.NewReaderSize(io.TeeReader(r, hash), peekSize)
+	// cocoon gets a checkpoint archive without its metadata entry: exactly the snapshot export.
+	if _, err := checkpoint.Read(br); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
 	kind, err := detectKind(br)
 	if err != nil {
 		return nil, err
 	}
-	hash := sha256.New()
-	img, err := s.importArtifact(ctx, id, kind, io.TeeReader(br, hash), func() error {
+	img, err := s.importArtifact(ctx, id, kind, br, func() error {
 		if got := "sha256:" + hex.EncodeToString(hash.Sum(nil)); got != id {
 			return fmt.Errorf("content digest is %s, not the expected %s: %w", got, id, ErrInvalid)
 		}

@@ -1,10 +1,7 @@
 package main
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
-	"io"
 	"os"
 
 	"github.com/spf13/cobra"
@@ -12,6 +9,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/cocoonstack/cocoon-cri/cri/vmruntime"
+	"github.com/cocoonstack/cocoon-cri/imagestore"
 )
 
 func newImageCommand(o *options) *cobra.Command {
@@ -40,7 +38,7 @@ func newImageCommand(o *options) *cobra.Command {
 // importImage hashes the file, then streams it to the daemon, which checks the digest as cocoon
 // reads it.
 func importImage(cmd *cobra.Command, socket, ref, path string) error {
-	digest, err := fileDigest(path)
+	digest, err := imagestore.FileDigest(path)
 	if err != nil {
 		return err
 	}
@@ -60,17 +58,4 @@ func importImage(cmd *cobra.Command, socket, ref, path string) error {
 	}
 	fmt.Fprintln(cmd.OutOrStdout(), id)
 	return nil
-}
-
-func fileDigest(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", fmt.Errorf("read %s: %w", path, err)
-	}
-	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
 }

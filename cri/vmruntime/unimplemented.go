@@ -10,9 +10,8 @@ import (
 // docs/cri-support.md lists them.
 
 const (
-	insteadResize   = "a running VM cannot be resized; recreate the pod with the new resources"
-	insteadCheckpnt = "checkpointing a VM through the CRI is not supported; take a cocoon snapshot on the node (cocoon snapshot save)"
-	insteadMetrics  = "CRI pod metrics are not provided; leave the PodAndContainerStatsFromCRI feature gate off"
+	insteadResize  = "a running VM cannot be resized; recreate the pod with the new resources"
+	insteadMetrics = "CRI pod metrics are not provided; leave the PodAndContainerStatsFromCRI feature gate off"
 )
 
 // UpdateContainerResources is not served.
@@ -23,21 +22,6 @@ func (s *Server) UpdateContainerResources(context.Context, *runtimeapi.UpdateCon
 // UpdatePodSandboxResources is not served.
 func (s *Server) UpdatePodSandboxResources(context.Context, *runtimeapi.UpdatePodSandboxResourcesRequest) (*runtimeapi.UpdatePodSandboxResourcesResponse, error) {
 	return nil, unimplemented("UpdatePodSandboxResources", insteadResize)
-}
-
-// CheckpointContainer is not served.
-func (s *Server) CheckpointContainer(context.Context, *runtimeapi.CheckpointContainerRequest) (*runtimeapi.CheckpointContainerResponse, error) {
-	return nil, unimplemented("CheckpointContainer", insteadCheckpnt)
-}
-
-// CheckpointPod is not served.
-func (s *Server) CheckpointPod(context.Context, *runtimeapi.CheckpointPodRequest) (*runtimeapi.CheckpointPodResponse, error) {
-	return nil, unimplemented("CheckpointPod", insteadCheckpnt)
-}
-
-// RestorePod is not served.
-func (s *Server) RestorePod(context.Context, *runtimeapi.RestorePodRequest) (*runtimeapi.RestorePodResponse, error) {
-	return nil, unimplemented("RestorePod", insteadCheckpnt)
 }
 
 // ListMetricDescriptors is not served.

@@ -124,6 +124,9 @@ type call struct {
 	args    []string
 	stdin   io.Reader
 	timeout time.Duration
+	// stdout, when set, receives the command's output as it comes (an export); run then returns
+	// no bytes.
+	stdout io.Writer
 	// env is added to cocoon-cri's environment for this call only.
 	env []string
 	// long marks a call that lasts as long as its work (a transfer, a stop's grace period): it
@@ -175,6 +178,9 @@ func (c *Client) run(ctx context.Context, cl call) ([]byte, error) {
 	var stdout bytes.Buffer
 	stderr := &syncio.Tail{Max: maxStderr}
 	cmd.Stdout = &stdout
+	if cl.stdout != nil {
+		cmd.Stdout = cl.stdout
+	}
 	cmd.Stderr = stderr
 
 	sub := subcommand(cl.args)

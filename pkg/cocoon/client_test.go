@@ -393,6 +393,34 @@ func TestSnapshotImportStreamsStdinAndLooksUpByName(t *testing.T) {
 	}
 }
 
+func TestSnapshotSaveAndExport(t *testing.T) {
+	snapJSON := `{"id":"SNAPID00000000000000000001","name":"cri-ckpt-x","cpu":2,"memory":536870912,"hypervisor":"cloud-hypervisor"}`
+	c, dir := fakeCocoon(t,
+		response{match: "snapshot save", stderr: logLine + "snapshot saved: SNAPID00000000000000000001\n"},
+		response{match: "snapshot inspect", stdout: snapJSON},
+		response{match: "snapshot export", stdout: "tar-bytes"},
+	)
+	snap, err := c.SnapshotSave(context.Background(), "VMID", "cri-ckpt-x", "checkpoint of c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.ID != "SNAPID00000000000000000001" || snap.CPU != 2 {
+		t.Fatalf("snapshot %+v", snap)
+	}
+	var out strings.Builder
+	if err := c.SnapshotExport(context.Background(), "cri-ckpt-x", &out); err != nil {
+		t.Fatal(err)
+	}
+	if strings.TrimSpace(out.String()) != "tar-bytes" {
+		t.Fatalf("export wrote %q", out.String())
+	}
+	got := calls(t, dir)
+	if !strings.HasSuffix(got[0], "snapshot save --name cri-ckpt-x --description checkpoint of c1 VMID") ||
+		!strings.HasSuffix(got[2], "snapshot export -o - cri-ckpt-x") {
+		t.Fatalf("argv %q", got)
+	}
+}
+
 func TestVersion(t *testing.T) {
 	c, _ := fakeCocoon(t, response{match: "version", stdout: "Version:        v0.3.8\nGit hash:       34c6c4a\nBuilt:          2026-04-27\nGolang version: go1.25.6\nOS/Arch:        linux/amd64\n"})
 	v, err := c.Version(context.Background())

@@ -20,6 +20,8 @@ var (
 	ErrInvalid = errors.New("invalid argument")
 	// ErrUnsupported: the installed cocoon does not have the command or flag.
 	ErrUnsupported = errors.New("unsupported by this cocoon")
+	// ErrNoSpace: a file system cocoon wrote to is full (a snapshot save, an import).
+	ErrNoSpace = errors.New("no space left")
 )
 
 // CommandError is a failed cocoon invocation.
@@ -124,6 +126,7 @@ var errorPatterns = []struct {
 	{"cannot detect file type", ErrInvalid},
 	{"invalid snapshot archive", ErrInvalid},
 	{"invalid image reference", ErrInvalid},
+	{"no space left on device", ErrNoSpace},
 }
 
 func classify(message string) error {

@@ -21,6 +21,25 @@ func (c *Client) SnapshotImport(ctx context.Context, r io.Reader, name, descript
 	return c.SnapshotInspect(ctx, name)
 }
 
+// SnapshotSave snapshots a running VM, memory and disk, under name. cocoon pauses the VM for the
+// capture and resumes it before it returns, on failure too. It prints no JSON (the ID is only in a
+// log line), so the snapshot is looked up by name.
+func (c *Client) SnapshotSave(ctx context.Context, vm, name, description string) (*Snapshot, error) {
+	args := []string{"snapshot", "save", "--name", name}
+	args = appendIf(args, description != "", "--description", description)
+	if _, err := c.run(ctx, call{args: append(args, vm), timeout: transferTimeout, long: true}); err != nil {
+		return nil, err
+	}
+	return c.SnapshotInspect(ctx, name)
+}
+
+// SnapshotExport writes a snapshot's archive (uncompressed tar, snapshot.json first) to w as cocoon
+// produces it.
+func (c *Client) SnapshotExport(ctx context.Context, ref string, w io.Writer) error {
+	_, err := c.run(ctx, call{args: []string{"snapshot", "export", "-o", "-", ref}, stdout: w, timeout: transferTimeout, long: true})
+	return err
+}
+
 // SnapshotInspect returns one snapshot by ID or name.
 func (c *Client) SnapshotInspect(ctx context.Context, ref string) (*Snapshot, error) {
 	return query[Snapshot](ctx, c, "snapshot", "inspect", ref)

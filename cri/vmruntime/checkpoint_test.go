@@ -1,0 +1,381 @@
+package vmruntime
+
+import (
+	"archive/tar"
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/cocoonstack/cocoon-cri/imagestore"
+	"github.com/cocoonstack/cocoon-cri/pkg/checkpoint"
+	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/pkg/store"
+	"github.com/cocoonstack/cocoon-cri/pkg/store/storetest"
+	"github.com/cocoonstack/cocoon-cri/tapmanager"
+)
+
+// saveCocoon is a cocoon that saves and exports snapshots as cocoon's CLI answers: save prints no
+// JSON, inspect does, export writes the archive to stdout. A file "<command>.fail" in its
+// directory makes that command fail with the file's content as cocoon's error, after export has
+// written part of its archive.
+type saveCocoon struct {
+	dir    string
+	export []byte
+}
+
+func newSaveCocoon(t *testing.T) *saveCocoon {
+	t.Helper()
+	fc := &saveCocoon{dir: t.TempDir()}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, f := range []struct{ name, body string }{{"snapshot.json", `{"version":1}`}, {"memory-ranges", "guest memory"}} {
+		if err := tw.WriteHeader(&tar.Header{Name: f.name, Mode: 0o640, Size: int64(len(f.body))}); err != nil {
+			t.Fatal(err)
+		}
+		_, _ = tw.Write([]byte(f.body))
+	}
+	_ = tw.Close()
+	fc.export = buf.Bytes()
+	if err := os.WriteFile(filepath.Join(fc.dir, "export.tar"), fc.export, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	script := `#!/bin/sh
+d=` + fc.dir + `
+echo "$*" >> $d/argv.log
+fail() { if [ -f $d/$1.fail ]; then echo "Error: $(cat $d/$1.fail)" >&2; exit 1; fi; }
+case "$*" in
+*"snapshot save"*) fail save ;;
+*"snapshot inspect"*) echo '{"id":"SNAPID00000000000000000001","name":"n","cpu":2,"memory":536870912,"storage":10737418240,"hypervisor":"cloud-hypervisor","image":"cocoon.local/base:v1"}' ;;
+*"snapshot export"*) if [ -f $d/export.fail ]; then head -c 100 $d/export.tar; fi; fail export; cat $d/export.tar ;;
+*"snapshot rm"*) fail rm ;;
+*) echo "Error: unexpected command $*" >&2; exit 1 ;;
+esac
+`
+	if err := os.WriteFile(filepath.Join(fc.dir, "cocoon"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return fc
+}
+
+func (fc *saveCocoon) failing(t *testing.T, command, message string) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(fc.dir, command+".fail"), []byte(message), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// calls returns the subcommands cocoon ran, "snapshot save" and the like, with their arguments.
+func (fc *saveCocoon) calls(t *testing.T) []string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(fc.dir, "argv.log"))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	var out []string
+	for line := range strings.Lines(string(data)) {
+		if i := strings.Index(line, "snapshot "); i >= 0 {
+			out = append(out, strings.TrimSpace(line[i:]))
+		}
+	}
+	return out
+}
+
+// checkpointServer is a server over a fresh store with one ready pod "pod1" whose container "c1"
+// runs VM "vm1", driving the fake cocoon.
+func checkpointServer(t *testing.T, fc *saveCocoon) *Server {
+	t.Helper()
+	dir := t.TempDir()
+	st := storetest.Open(t)
+	cc := cocoon.New(cocoon.Options{Binary: filepath.Join(fc.dir, "cocoon")})
+	images, err := imagestore.New(st, cc, slog.New(slog.DiscardHandler), imagestore.Dirs{Root: dir, Run: filepath.Join(dir, "run")}, imagestore.PullOptions{CredentialsDir: filepath.Join(dir, "pull-credentials")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nets := tapmanager.NewManager(tapmanager.Config{StateDir: filepath.Join(dir, "network")})
+	s := New(Config{}, slog.New(slog.DiscardHandler), st, cc, nets, images)
+	addSandbox(t, s, "pod1", store.SandboxReady)
+	addContainer(t, s, &store.Container{ID: "c1", SandboxID: "pod1", State: store.ContainerRunning, ImageRef: "sha256:abc", VM: store.VM{ID: "vm1"}})
+	return s
+}
+
+func wantCode(t *testing.T, err error, code codes.Code) {
+	t.Helper()
+	if status.Code(err) != code {
+		t.Fatalf("error %v, want %s", err, code)
+	}
+}
+
+func TestCheckpointContainerWritesOneArchive(t *testing.T) {
+	fc := newSaveCocoon(t)
+	s := checkpointServer(t, fc)
+	location := filepath.Join(t.TempDir(), "c1.tar")
+	if _, err := s.CheckpointContainer(context.Background(), &runtimeapi.CheckpointContainerRequest{ContainerId: "c1", Location: location}); err != nil {
+		t.Fatal(err)
+	}
+	info, err := os.Stat(location)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Mode().Perm() != 0o600 {
+		t.Errorf("archive mode %v, want 0600: it holds the guest's memory", info.Mode().Perm())
+	}
+	f, err := os.Open(location)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	br := bufio.NewReader(f)
+	md, err := checkpoint.Read(br)
+	if err != nil || md == nil {
+		t.Fatalf("metadata %v, %v", md, err)
+	}
+	if md.Pod.Name != "pod1" || md.Pod.Namespace != "ns" || md.Container.Name != "c1" || md.Container.ImageRef != "sha256:abc" ||
+		md.Hypervisor != cocoon.HypervisorCloudHypervisor || md.BaseImage != "cocoon.local/base:v1" || md.CPU != 2 || md.MemoryBytes != 512<<20 {
+		t.Errorf("metadata %+v", md)
+	}
+	rest, _ := io.ReadAll(br)
+	if !bytes.Equal(rest, fc.export) {
+		t.Error("the archive does not hold cocoon's export byte for byte after the metadata")
+	}
+	calls := fc.calls(t)
+	if len(calls) != 4 || !strings.HasPrefix(calls[0], "snapshot save --name "+checkpointSnapshotPrefix+"c1-") || !strings.HasSuffix(calls[0], " vm1") {
+		t.Fatalf("cocoon calls %q", calls)
+	}
+	name := strings.Fields(calls[0])[3]
+	if calls[2] != "snapshot export -o - "+name || calls[3] != "snapshot rm "+name {
+		t.Errorf("cocoon calls %q: the snapshot saved must be exported and deleted", calls)
+	}
+	c, _ := s.store.Containers.Get("c1")
+	if c.State != store.ContainerRunning {
+		t.Errorf("container is %s after a checkpoint", c.State)
+	}
+}
+
+func TestCheckpointContainerRefusals(t *testing.T) {
+	fc := newSaveCocoon(t)
+	s := checkpointServer(t, fc)
+	addContainer(t, s, &store.Container{ID: "c2", SandboxID: "pod1", State: store.ContainerExited})
+	dir := t.TempDir()
+	existing := filepath.Join(dir, "existing.tar")
+	if err := os.WriteFile(existing, []byte("keep me"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		req  *runtimeapi.CheckpointContainerRequest
+		code codes.Code
+	}{
+		{"no ID", &runtimeapi.CheckpointContainerRequest{Location: filepath.Join(dir, "a.tar")}, codes.InvalidArgument},
+		{"relative location", &runtimeapi.CheckpointContainerRequest{ContainerId: "c1", Location: "c1.tar"}, codes.InvalidArgument},
+		{"unclean location", &runtimeapi.CheckpointContainerRequest{ContainerId: "c1", Location: dir + "/../x.tar"}, codes.InvalidArgument},
+		{"negative timeout", &runtimeapi.CheckpointContainerRequest{ContainerId: "c1", Location: filepath.Join(dir, "a.tar"), Timeout: -1}, codes.InvalidArgument},
+		{"not running", &runtimeapi.CheckpointContainerRequest{ContainerId: "c2", Location: filepath.Join(dir, "a.tar")}, codes.FailedPrecondition},
+		{"existing file", &runtimeapi.CheckpointContainerRequest{ContainerId: "c1", Location: existing}, codes.AlreadyExists},
+		{"missing directory", &runtimeapi.CheckpointContainerRequest{ContainerId: "c1", Location: filepath.Join(dir, "no", "a.tar")}, codes.InvalidArgument},
+	} {
+		_, err := s.CheckpointContainer(ctx, tc.req)
+		if status.Code(err) != tc.code {
+			t.Errorf("%s: %v, want %s", tc.name, err, tc.code)
+		}
+	}
+	if _, err := s.CheckpointContainer(ctx, &runtimeapi.CheckpointContainerRequest{ContainerId: "nope", Location: filepath.Join(dir, "a.tar")}); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("unknown container: %v, want not found", err)
+	}
+	if data, _ := os.ReadFile(existing); string(data) != "keep me" {
+		t.Error("an existing file was overwritten")
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Errorf("refusals left files: %v", entries)
+	}
+	if calls := fc.calls(t); len(calls) != 0 {
+		t.Errorf("refusals called cocoon: %q", calls)
+	}
+}
+
+func TestCheckpointContainerFailureLeavesNothing(t *testing.T) {
+	for _, tc := range []struct {
+		command, message string
+		kind             error
+		saved            bool
+	}{
+		{"export", "write archive: write /dev/stdout: no space left on device", cocoon.ErrNoSpace, true},
+		{"save", "snapshot VM vm1: save snapshot: no space left on device", cocoon.ErrNoSpace, false},
+	} {
+		t.Run(tc.command, func(t *testing.T) {
+			fc := newSaveCocoon(t)
+			s := checkpointServer(t, fc)
+			fc.failing(t, tc.command, tc.message)
+			location := filepath.Join(t.TempDir(), "c1.tar")
+			_, err := s.CheckpointContainer(context.Background(), &runtimeapi.CheckpointContainerRequest{ContainerId: "c1", Location: location})
+			if !errors.Is(err, tc.kind) {
+				t.Fatalf("error %v, want %v", err, tc.kind)
+			}
+			if _, err := os.Stat(location); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("a partial archive is left at %s", location)
+			}
+			calls := fc.calls(t)
+			if last := calls[len(calls)-1]; !strings.HasPrefix(last, "snapshot rm "+checkpointSnapshotPrefix) {
+				t.Errorf("cocoon calls %q: the snapshot must be deleted after a failure", calls)
+			}
+			if c, _ := s.store.Containers.Get("c1"); c.State != store.ContainerRunning {
+				t.Errorf("container is %s after a failed checkpoint", c.State)
+			}
+		})
+	}
+}
+
+func TestCheckpointPod(t *testing.T) {
+	fc := newSaveCocoon(t)
+	s := checkpointServer(t, fc)
+	ctx := context.Background()
+	out := t.TempDir()
+	if _, err := s.CheckpointPod(ctx, &runtimeapi.CheckpointPodRequest{PodSandboxId: "pod1", OutputPath: out, ContainerIds: []string{"c1"}}); err != nil {
+		t.Fatal(err)
+	}
+	entries, _ := os.ReadDir(out)
+	if len(entries) != 2 || entries[0].Name() != "c1.tar" || entries[1].Name() != podCheckpointFile {
+		t.Fatalf("checkpoint directory holds %v", entries)
+	}
+	members, err := readPodCheckpoint(out, []*runtimeapi.ContainerConfig{{Metadata: &runtimeapi.ContainerMetadata{Name: "c1"}}})
+	if err != nil || len(members) != 1 || members[0].meta.Container.ID != "c1" {
+		t.Fatalf("members %+v, %v", members, err)
+	}
+}
+
+func TestCheckpointPodRefusals(t *testing.T) {
+	fc := newSaveCocoon(t)
+	s := checkpointServer(t, fc)
+	addContainer(t, s, &store.Container{ID: "done", SandboxID: "pod1", State: store.ContainerExited})
+	addSandbox(t, s, "pod2", store.SandboxReady)
+	addContainer(t, s, &store.Container{ID: "other", SandboxID: "pod2", State: store.ContainerRunning, VM: store.VM{ID: "vm2"}})
+	ctx := context.Background()
+	full := t.TempDir()
+	if err := os.WriteFile(filepath.Join(full, "x"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	empty := t.TempDir()
+	for _, tc := range []struct {
+		name string
+		req  *runtimeapi.CheckpointPodRequest
+		code codes.Code
+	}{
+		{"no sandbox ID", &runtimeapi.CheckpointPodRequest{OutputPath: empty, ContainerIds: []string{"c1"}}, codes.InvalidArgument},
+		{"unknown option", &runtimeapi.CheckpointPodRequest{PodSandboxId: "pod1", OutputPath: empty, ContainerIds: []string{"c1"}, Options: map[string]string{"compress": "yes"}}, codes.InvalidArgument},
+		{"relative output", &runtimeapi.CheckpointPodRequest{PodSandboxId: "pod1", OutputPath: "out", ContainerIds: []string{"c1"}}, codes.InvalidArgument},
+		{"output not empty", &runtimeapi.CheckpointPodRequest{PodSandboxId: "pod1", OutputPath: full, ContainerIds: []string{"c1"}}, codes.InvalidArgument},
+		{"output missing", &runtimeapi.CheckpointPodRequest{PodSandboxId: "pod1", OutputPath: filepath.Join(empty, "no"), ContainerIds: []string{"c1"}}, codes.InvalidArgument},
+		{"no containers", &runtimeapi.CheckpointPodRequest{PodSandboxId: "pod1", OutputPath: empty}, codes.InvalidArgument},
+		{"duplicate", &runtimeapi.CheckpointPodRequest{PodSandboxId: "pod1", OutputPath: empty, ContainerIds: []string{"c1", "c1"}}, codes.InvalidArgument},
+		{"exited container", &runtimeapi.CheckpointPodRequest{PodSandboxId: "pod1", OutputPath: empty, ContainerIds: []string{"done"}}, codes.InvalidArgument},
+		{"another pod's container", &runtimeapi.CheckpointPodRequest{PodSandboxId: "pod1", OutputPath: empty, ContainerIds: []string{"c1", "other"}}, codes.InvalidArgument},
+	} {
+		_, err := s.CheckpointPod(ctx, tc.req)
+		if status.Code(err) != tc.code {
+			t.Errorf("%s: %v, want %s", tc.name, err, tc.code)
+		}
+	}
+	// Two running VMs cannot be cut at one instant.
+	addContainer(t, s, &store.Container{ID: "c3", SandboxID: "pod1", State: store.ContainerRunning, VM: store.VM{ID: "vm3"}})
+	_, err := s.CheckpointPod(ctx, &runtimeapi.CheckpointPodRequest{PodSandboxId: "pod1", OutputPath: empty, ContainerIds: []string{"c1", "c3"}})
+	wantCode(t, err, codes.Unimplemented)
+	if entries, _ := os.ReadDir(empty); len(entries) != 0 {
+		t.Errorf("refusals wrote %v", entries)
+	}
+	if calls := fc.calls(t); len(calls) != 0 {
+		t.Errorf("refusals called cocoon: %q", calls)
+	}
+}
+
+func TestCheckpointPodFailureRemovesItsFiles(t *testing.T) {
+	fc := newSaveCocoon(t)
+	s := checkpointServer(t, fc)
+	fc.failing(t, "export", "write archive: broken pipe")
+	out := t.TempDir()
+	if _, err := s.CheckpointPod(context.Background(), &runtimeapi.CheckpointPodRequest{PodSandboxId: "pod1", OutputPath: out, ContainerIds: []string{"c1"}}); err == nil {
+		t.Fatal("checkpoint succeeded with a failing export")
+	}
+	if entries, _ := os.ReadDir(out); len(entries) != 0 {
+		t.Errorf("a failed pod checkpoint left %v", entries)
+	}
+	if _, err := os.Stat(out); err != nil {
+		t.Errorf("the caller's directory was removed: %v", err)
+	}
+}
+
+func TestRestorePodRefusesWhatItCannotRestore(t *testing.T) {
+	fc := newSaveCocoon(t)
+	s := checkpointServer(t, fc)
+	ctx := context.Background()
+	good := t.TempDir()
+	if _, err := s.CheckpointPod(ctx, &runtimeapi.CheckpointPodRequest{PodSandboxId: "pod1", OutputPath: good, ContainerIds: []string{"c1"}}); err != nil {
+		t.Fatal(err)
+	}
+	before := fc.calls(t)
+	junk := t.TempDir()
+	if err := os.WriteFile(filepath.Join(junk, podCheckpointFile), []byte("not json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	notArchive := t.TempDir()
+	if err := os.WriteFile(filepath.Join(notArchive, podCheckpointFile), []byte(`{"version":1,"containers":[{"name":"c1","archive":"c1.tar"}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(notArchive, "c1.tar"), []byte("junk"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	escape := t.TempDir()
+	if err := os.WriteFile(filepath.Join(escape, podCheckpointFile), []byte(`{"version":1,"containers":[{"name":"c1","archive":"../c1.tar"}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	named := func(names ...string) []*runtimeapi.ContainerConfig {
+		var cfgs []*runtimeapi.ContainerConfig
+		for _, n := range names {
+			cfgs = append(cfgs, &runtimeapi.ContainerConfig{Metadata: &runtimeapi.ContainerMetadata{Name: n}})
+		}
+		return cfgs
+	}
+	podConfig := &runtimeapi.PodSandboxConfig{Metadata: &runtimeapi.PodSandboxMetadata{Name: "restored", Namespace: "ns", Uid: "u2"}}
+	for _, tc := range []struct {
+		name string
+		req  *runtimeapi.RestorePodRequest
+	}{
+		{"no config", &runtimeapi.RestorePodRequest{CheckpointPath: good, ContainerConfigs: named("c1")}},
+		{"unknown option", &runtimeapi.RestorePodRequest{CheckpointPath: good, Config: podConfig, ContainerConfigs: named("c1"), Options: map[string]string{"x": "y"}}},
+		{"relative path", &runtimeapi.RestorePodRequest{CheckpointPath: "ckpt", Config: podConfig, ContainerConfigs: named("c1")}},
+		{"empty directory", &runtimeapi.RestorePodRequest{CheckpointPath: t.TempDir(), Config: podConfig, ContainerConfigs: named("c1")}},
+		{"junk pod.json", &runtimeapi.RestorePodRequest{CheckpointPath: junk, Config: podConfig, ContainerConfigs: named("c1")}},
+		{"junk archive", &runtimeapi.RestorePodRequest{CheckpointPath: notArchive, Config: podConfig, ContainerConfigs: named("c1")}},
+		{"archive outside", &runtimeapi.RestorePodRequest{CheckpointPath: escape, Config: podConfig, ContainerConfigs: named("c1")}},
+		{"no containers", &runtimeapi.RestorePodRequest{CheckpointPath: good, Config: podConfig}},
+		{"other name", &runtimeapi.RestorePodRequest{CheckpointPath: good, Config: podConfig, ContainerConfigs: named("web")}},
+		{"extra name", &runtimeapi.RestorePodRequest{CheckpointPath: good, Config: podConfig, ContainerConfigs: named("c1", "web")}},
+		{"twice", &runtimeapi.RestorePodRequest{CheckpointPath: good, Config: podConfig, ContainerConfigs: named("c1", "c1")}},
+		{"other image", &runtimeapi.RestorePodRequest{CheckpointPath: good, Config: podConfig, ContainerConfigs: []*runtimeapi.ContainerConfig{
+			{Metadata: &runtimeapi.ContainerMetadata{Name: "c1"}, Image: &runtimeapi.ImageSpec{Image: "cocoon.local/other:v1"}}}}},
+	} {
+		_, err := s.RestorePod(ctx, tc.req)
+		if status.Code(err) != codes.InvalidArgument {
+			t.Errorf("%s: %v, want InvalidArgument", tc.name, err)
+		}
+	}
+	if sandboxes := s.store.Sandboxes.List(nil); len(sandboxes) != 1 {
+		t.Errorf("refused restores left sandboxes: %d", len(sandboxes))
+	}
+	if after := fc.calls(t); len(after) != len(before) {
+		t.Errorf("refused restores called cocoon: %q", after[len(before):])
+	}
+	if data, _ := os.ReadFile(filepath.Join(notArchive, "c1.tar")); string(data) != "junk" {
+		t.Error("the checkpoint data was modified")
+	}
+}

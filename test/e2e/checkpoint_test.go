@@ -1,0 +1,98 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// TestCheckpointCarriesTheGuestToANewPod checkpoints a running VM pod with crictl, imports the
+// archive, and runs a new pod of it: the new pod has the old guest's memory at the checkpoint,
+// nothing written after it, and an identity of its own.
+func TestCheckpointCarriesTheGuestToANewPod(t *testing.T) {
+	n := newNode(t)
+	n.withSnapshot()
+	srcPod, src, _ := n.runningPod("src", snapRef)
+	n.mustCrictl("exec", src, "sh", "-c", "echo kept > /dev/shm/state")
+
+	archive := filepath.Join(n.dir, "src-checkpoint.tar")
+	n.mustCrictl("checkpoint", "--export="+archive, src)
+	if info, err := os.Stat(archive); err != nil || info.Mode().Perm() != 0o600 {
+		t.Fatalf("archive: %v, %v", info, err)
+	}
+	// The source runs on: it was paused only for the save.
+	if state := field(n.inspect("inspect", src), "status", "state"); state != "CONTAINER_RUNNING" {
+		t.Fatalf("source container is %v after the checkpoint", state)
+	}
+	n.mustCrictl("exec", src, "sh", "-c", "echo later > /dev/shm/later")
+	// A second checkpoint to the same file is refused and leaves the first.
+	n.crictlFails("AlreadyExists", "checkpoint", "--export="+archive, src)
+
+	n.importImage("e2e/checkpoint:v1", archive)
+	dstPod, dst, _ := n.runningPod("dst", "e2e/checkpoint:v1")
+	if out := n.mustCrictl("exec", dst, "sh", "-c", "cat /dev/shm/state; ls /dev/shm; hostname"); out != "kept\nstate\ndst" {
+		t.Fatalf("restored guest: %q, want its memory at the checkpoint and its own hostname", out)
+	}
+	if srcIP, dstIP := n.podIP(srcPod), n.podIP(dstPod); srcIP == "" || srcIP == dstIP {
+		t.Fatalf("pod IPs %q and %q: a restored pod has its own", srcIP, dstIP)
+	}
+	if snaps, _ := n.cocoon("snapshot", "list", "-o", "json"); strings.Contains(snaps, "cri-ckpt-") {
+		t.Fatalf("a checkpoint's snapshot is left in cocoon: %s", snaps)
+	}
+}
+
+// TestRestorePodThroughTheCRI checkpoints a pod and restores it as a new pod through a CRI client,
+// as the kubelet's pod-level checkpoint does: the restored container is CREATED until started.
+func TestRestorePodThroughTheCRI(t *testing.T) {
+	n := newNode(t)
+	n.withSnapshot()
+	srcPod, src, _ := n.runningPod("src", snapRef)
+	n.mustCrictl("exec", src, "sh", "-c", "echo kept > /dev/shm/state")
+	rt, _ := n.clients()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	dir := filepath.Join(n.dir, "pod-checkpoint")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rt.CheckpointPod(ctx, &runtimeapi.CheckpointPodRequest{PodSandboxId: srcPod, OutputPath: dir, ContainerIds: []string{src}}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := rt.RestorePod(ctx, &runtimeapi.RestorePodRequest{
+		CheckpointPath: dir, Config: n.podConfig("restored", "uid-restored"), RuntimeHandler: "cocoon",
+		ContainerConfigs: []*runtimeapi.ContainerConfig{containerConfig("app", snapRef)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.GetRestoredContainers()) != 1 || resp.GetRestoredContainers()[0].GetName() != "app" {
+		t.Fatalf("restored %v", resp.GetRestoredContainers())
+	}
+	ctr := resp.GetRestoredContainers()[0].GetContainerId()
+	if state := field(n.inspect("inspect", ctr), "status", "state"); state != "CONTAINER_CREATED" {
+		t.Fatalf("restored container is %v before its start", state)
+	}
+	n.mustCrictl("start", ctr)
+	if out := n.mustCrictl("exec", ctr, "sh", "-c", "cat /dev/shm/state; hostname"); out != "kept\nrestored" {
+		t.Fatalf("restored guest: %q", out)
+	}
+
+	// A checkpoint whose containers the request does not name is refused and leaves no pod.
+	pods := n.mustCrictl("pods", "-q")
+	_, err = rt.RestorePod(ctx, &runtimeapi.RestorePodRequest{
+		CheckpointPath: dir, Config: n.podConfig("wrong", "uid-wrong"), RuntimeHandler: "cocoon",
+		ContainerConfigs: []*runtimeapi.ContainerConfig{containerConfig("web", snapRef)},
+	})
+	if err == nil || !strings.Contains(err.Error(), "not in the checkpoint") {
+		t.Fatalf("restore of unknown containers: %v", err)
+	}
+	if after := n.mustCrictl("pods", "-q"); after != pods {
+		t.Fatalf("a refused restore left a pod: %q, was %q", after, pods)
+	}
+}
