@@ -88,6 +88,9 @@ func checkpointable(c *store.Container) error {
 	if c.State != store.ContainerRunning || c.VM.ID == "" {
 		return precondition("container %s is %s: only a running container can be checkpointed", c.ID, c.State)
 	}
+	if c.VM.Share.Attached {
+		return precondition("container %s has directory volumes shared into its VM (virtio-fs), and cocoon refuses to snapshot a VM with a share attached (docs/checkpoint.md, what cannot be checkpointed)", c.ID)
+	}
 	return nil
 }
 

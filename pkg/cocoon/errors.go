@@ -127,6 +127,8 @@ var errorPatterns = []struct {
 	{"invalid snapshot archive", ErrInvalid},
 	{"invalid image reference", ErrInvalid},
 	{"no space left on device", ErrNoSpace},
+	// snapshot save of a VM with a hot-attached disk or share.
+	{"detach before snapshot", ErrInUse},
 }
 
 func classify(message string) error {
