@@ -129,6 +129,7 @@ func runDaemon(parent context.Context, o *options) error {
 		Sysfs:               vfio.Sysfs(o.sysfsDir),
 		Virtiofsd:           findVirtiofsd(o.virtiofsd, log),
 		ShareDir:            filepath.Join(o.stateDir, "shares"),
+		CheckpointJournal:   filepath.Join(o.stateDir, "checkpoints"),
 	}, log, st, cc, nets, images)
 	defer vms.Shutdown()
 

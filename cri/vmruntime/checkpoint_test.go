@@ -103,7 +103,7 @@ func checkpointServer(t *testing.T, fc *saveCocoon) *Server {
 		t.Fatal(err)
 	}
 	nets := tapmanager.NewManager(tapmanager.Config{StateDir: filepath.Join(dir, "network")})
-	s := New(Config{}, slog.New(slog.DiscardHandler), st, cc, nets, images)
+	s := New(Config{CheckpointJournal: filepath.Join(dir, "checkpoints")}, slog.New(slog.DiscardHandler), st, cc, nets, images)
 	addSandbox(t, s, "pod1", store.SandboxReady)
 	addContainer(t, s, &store.Container{ID: "c1", SandboxID: "pod1", State: store.ContainerRunning, ImageRef: "sha256:abc", VM: store.VM{ID: "vm1"}})
 	return s
@@ -159,6 +159,41 @@ func TestCheckpointContainerWritesOneArchive(t *testing.T) {
 	c, _ := s.store.Containers.Get("c1")
 	if c.State != store.ContainerRunning {
 		t.Errorf("container is %s after a checkpoint", c.State)
+	}
+	if entries, _ := os.ReadDir(filepath.Dir(location)); len(entries) != 1 {
+		t.Errorf("the checkpoint left %v beside its archive", entries)
+	}
+	if notes, _ := os.ReadDir(s.cfg.CheckpointJournal); len(notes) != 0 {
+		t.Errorf("a finished checkpoint left journal notes %v", notes)
+	}
+}
+
+// TestRestartRemovesWhatACheckpointLeft plays a crash in the middle of a checkpoint: its journal
+// note, its temporary archive and its snapshot are there at the next start, which removes them.
+func TestRestartRemovesWhatACheckpointLeft(t *testing.T) {
+	fc := newSaveCocoon(t)
+	s := checkpointServer(t, fc)
+	dir := t.TempDir()
+	partial := filepath.Join(dir, ".c1.tar."+checkpointSnapshotPrefix+"c1-0000.partial")
+	if _, err := s.noteCheckpoint(checkpointSnapshotPrefix+"c1-0000", partial); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(partial, []byte("half an archive"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	keep := filepath.Join(dir, "other.tar")
+	if err := os.WriteFile(keep, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s.removeCutShortCheckpoints(context.Background())
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 || entries[0].Name() != "other.tar" {
+		t.Errorf("after the restart the directory holds %v", entries)
+	}
+	if calls := fc.calls(t); len(calls) != 1 || calls[0] != "snapshot rm "+checkpointSnapshotPrefix+"c1-0000" {
+		t.Errorf("cocoon calls %q, want the checkpoint's snapshot removed", calls)
+	}
+	if notes, _ := os.ReadDir(s.cfg.CheckpointJournal); len(notes) != 0 {
+		t.Errorf("journal notes left: %v", notes)
 	}
 }
 
@@ -217,13 +252,16 @@ func TestCheckpointContainerFailureLeavesNothing(t *testing.T) {
 			fc := newSaveCocoon(t)
 			s := checkpointServer(t, fc)
 			fc.failing(t, tc.command, tc.message)
-			location := filepath.Join(t.TempDir(), "c1.tar")
-			_, err := s.CheckpointContainer(context.Background(), &runtimeapi.CheckpointContainerRequest{ContainerId: "c1", Location: location})
+			dir := t.TempDir()
+			_, err := s.CheckpointContainer(context.Background(), &runtimeapi.CheckpointContainerRequest{ContainerId: "c1", Location: filepath.Join(dir, "c1.tar")})
 			if !errors.Is(err, tc.kind) {
 				t.Fatalf("error %v, want %v", err, tc.kind)
 			}
-			if _, err := os.Stat(location); !errors.Is(err, os.ErrNotExist) {
-				t.Errorf("a partial archive is left at %s", location)
+			if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+				t.Errorf("a failed checkpoint left %v", entries)
+			}
+			if notes, _ := os.ReadDir(s.cfg.CheckpointJournal); len(notes) != 0 {
+				t.Errorf("a failed checkpoint left journal notes %v", notes)
 			}
 			calls := fc.calls(t)
 			if last := calls[len(calls)-1]; !strings.HasPrefix(last, "snapshot rm "+checkpointSnapshotPrefix) {

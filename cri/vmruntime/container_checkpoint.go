@@ -94,40 +94,58 @@ func checkpointable(c *store.Container) error {
 	return nil
 }
 
-// writeCheckpoint saves c's VM and writes the archive to path, which must not exist. On failure
-// nothing is left at path, and the snapshot cocoon made is deleted either way.
+// writeCheckpoint saves c's VM and writes the archive to path, which must not exist. The archive
+// is written beside it under a temporary name, noted in the journal, and linked to path once
+// whole, so path never holds a partial archive and an existing file is never replaced. On failure
+// nothing is left, and the snapshot cocoon made is deleted either way.
 func (s *Server) writeCheckpoint(ctx context.Context, sb *store.Sandbox, c *store.Container, path string) (int64, error) {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	switch {
-	case errors.Is(err, fs.ErrExist):
+	// Refused before the save, which is the expensive part; the link below is what makes sure.
+	switch _, err := os.Lstat(path); {
+	case err == nil:
 		return 0, alreadyExists("%s exists: a checkpoint never overwrites a file", path)
-	case errors.Is(err, fs.ErrNotExist):
-		return 0, invalid("the directory of %s does not exist", path)
-	case err != nil:
-		return 0, fmt.Errorf("create %s: %w", path, err)
+	case !errors.Is(err, fs.ErrNotExist):
+		return 0, fmt.Errorf("check %s: %w", path, err)
 	}
-	size, err := s.saveInto(ctx, sb, c, f)
+	if info, err := os.Stat(filepath.Dir(path)); err != nil || !info.IsDir() {
+		return 0, invalid("the directory of %s does not exist", path)
+	}
+	name, err := checkpointSnapshotName(c.ID)
+	if err != nil {
+		return 0, err
+	}
+	partial := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+"."+name+".partial")
+	noted, err := s.noteCheckpoint(name, partial)
+	if err != nil {
+		return 0, fmt.Errorf("note the checkpoint in the journal: %w", err)
+	}
+	defer noted()
+	// A save cut short by the deadline may still have recorded the snapshot: delete it either way.
+	defer s.removeCheckpointSnapshot(ctx, name)
+	f, err := os.OpenFile(partial, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return 0, fmt.Errorf("create %s: %w", partial, err)
+	}
+	size, err := s.saveInto(ctx, sb, c, f, name)
 	if closeErr := f.Close(); err == nil {
 		err = closeErr
 	}
-	if err != nil {
-		if rmErr := os.Remove(path); rmErr != nil {
-			s.log.Error("could not remove a partial checkpoint archive", "path", path, "err", rmErr)
+	if err == nil {
+		if err = os.Link(partial, path); errors.Is(err, fs.ErrExist) {
+			err = alreadyExists("%s exists: a checkpoint never overwrites a file", path)
 		}
+	}
+	if rmErr := os.Remove(partial); rmErr != nil {
+		s.log.Error("could not remove a checkpoint's temporary archive", "path", partial, "err", rmErr)
+	}
+	if err != nil {
 		return 0, err
 	}
 	return size, nil
 }
 
-// saveInto snapshots c's VM under a name of its own and writes the checkpoint archive to f.
-func (s *Server) saveInto(ctx context.Context, sb *store.Sandbox, c *store.Container, f *os.File) (int64, error) {
-	name, err := checkpointSnapshotName(c.ID)
-	if err != nil {
-		return 0, err
-	}
+// saveInto snapshots c's VM under name and writes the checkpoint archive to f.
+func (s *Server) saveInto(ctx context.Context, sb *store.Sandbox, c *store.Container, f *os.File, name string) (int64, error) {
 	snap, err := s.cocoon.SnapshotSave(ctx, c.VM.ID, name, "cocoon-cri checkpoint of container "+c.ID)
-	// A save cut short by the deadline may still have recorded the snapshot: delete it either way.
-	defer s.removeCheckpointSnapshot(ctx, name)
 	if err != nil {
 		return 0, fmt.Errorf("save VM %s: %w", c.VM.ID, err)
 	}

@@ -59,6 +59,7 @@ func (s *Server) Recover(ctx context.Context) error {
 	for _, c := range s.store.Containers.List(func(c *store.Container) bool { return c.State == store.ContainerRunning }) {
 		s.resumeIO(ctx, c)
 	}
+	s.removeCutShortCheckpoints(ctx)
 	known := map[string]bool{}
 	for _, sb := range s.store.Sandboxes.List(nil) {
 		known[sb.ID] = true

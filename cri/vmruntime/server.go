@@ -88,6 +88,9 @@ type Config struct {
 	Virtiofsd string
 	// ShareDir is where the shares' directories and sockets are made (under the state dir).
 	ShareDir string
+	// CheckpointJournal is where checkpoints in progress are noted (under the state dir), so that a
+	// restart removes what one cut short. Empty: none is kept.
+	CheckpointJournal string
 }
 
 // Observer is told what the runtime finds outside any RPC: VMs with cocoon-cri's names that no

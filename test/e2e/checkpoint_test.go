@@ -9,6 +9,8 @@ import (
 	"time"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/faultpoint"
 )
 
 // TestCheckpointCarriesTheGuestToANewPod checkpoints a running VM pod with crictl, imports the
@@ -43,6 +45,30 @@ func TestCheckpointCarriesTheGuestToANewPod(t *testing.T) {
 	}
 	if snaps, _ := n.cocoon("snapshot", "list", "-o", "json"); strings.Contains(snaps, "cri-ckpt-") {
 		t.Fatalf("a checkpoint's snapshot is left in cocoon: %s", snaps)
+	}
+
+	// cocoon-cri killed between the save and the export: once it is back, the VM runs and nothing
+	// of the checkpoint is left.
+	n.stop()
+	n.env = []string{faultpoint.EnvVar + "=cocoon snapshot export/before"}
+	n.start()
+	crashDir := filepath.Join(n.dir, "crash")
+	if err := os.Mkdir(crashDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := n.crictl("checkpoint", "--export="+filepath.Join(crashDir, "src.tar"), src); err == nil || !n.died(10*time.Second) {
+		t.Fatalf("checkpoint with a crash in it: %v %s; the daemon must have died at the export", err, out)
+	}
+	n.env = nil
+	n.start()
+	if out := n.mustCrictl("exec", src, "cat", "/dev/shm/state"); out != "kept" {
+		t.Fatalf("source guest after the crash: %q", out)
+	}
+	if entries, _ := os.ReadDir(crashDir); len(entries) != 0 {
+		t.Fatalf("an interrupted checkpoint left %v", entries)
+	}
+	if snaps, _ := n.cocoon("snapshot", "list", "-o", "json"); strings.Contains(snaps, "cri-ckpt-") {
+		t.Fatalf("an interrupted checkpoint's snapshot is left in cocoon: %s", snaps)
 	}
 }
 
