@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/cocoonstack/cocoon-cri/pkg/checkpoint"
 	"github.com/cocoonstack/cocoon-cri/pkg/faultpoint"
 )
 
@@ -121,4 +123,19 @@ func TestRestorePodThroughTheCRI(t *testing.T) {
 	if after := n.mustCrictl("pods", "-q"); after != pods {
 		t.Fatalf("a refused restore left a pod: %q, was %q", after, pods)
 	}
+}
+
+// readCheckpointMetadata reads the metadata of a checkpoint archive.
+func readCheckpointMetadata(t *testing.T, path string) *checkpoint.Metadata {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	md, err := checkpoint.Read(bufio.NewReader(f))
+	if err != nil || md == nil {
+		t.Fatalf("%s is not a checkpoint archive: %v", path, err)
+	}
+	return md
 }

@@ -371,6 +371,19 @@ func TestCluster(t *testing.T) {
 		t.Errorf("kubectl exec -it: %v: %q", err, out)
 	}
 
+	// The kubelet's checkpoint API (ContainerCheckpoint, on by default) checkpoints a VM pod's
+	// container through cocoon-cri into one archive under the kubelet's checkpoints directory.
+	nodeName := k.must("get", "nodes", "-o", "jsonpath={.items[0].metadata.name}")
+	var checkpointed struct{ Items []string }
+	if err := json.Unmarshal([]byte(k.must("create", "--raw", "/api/v1/nodes/"+nodeName+"/proxy/checkpoint/default/shell/shell", "-f", os.DevNull)), &checkpointed); err != nil || len(checkpointed.Items) != 1 {
+		t.Errorf("the kubelet's checkpoint answer: %v %v", checkpointed, err)
+	} else if md := readCheckpointMetadata(t, checkpointed.Items[0]); md.Pod.Name != "shell" || md.Pod.Namespace != "default" || md.Container.Name != "shell" {
+		t.Errorf("the kubelet's checkpoint %s holds %+v", checkpointed.Items[0], md)
+	}
+	if phase := k.must("get", "pod", "shell", "-o", "jsonpath={.status.phase}"); phase != "Running" {
+		t.Errorf("the checkpointed pod is %s", phase)
+	}
+
 	// The kubelet rewrites the ConfigMap's volume on its next sync of the pod, cocoon-cri the
 	// guest's copy within seconds of that.
 	k.eventually("the edited ConfigMap in the guest", func() error {
