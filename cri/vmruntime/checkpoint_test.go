@@ -283,7 +283,7 @@ func TestCheckpointPod(t *testing.T) {
 		t.Fatal(err)
 	}
 	entries, _ := os.ReadDir(out)
-	if len(entries) != 2 || entries[0].Name() != "c1.tar" || entries[1].Name() != podCheckpointFile {
+	if len(entries) != 2 || entries[0].Name() != "c1.tar" /* the container ID */ || entries[1].Name() != podCheckpointFile {
 		t.Fatalf("checkpoint directory holds %v", entries)
 	}
 	members, err := readPodCheckpoint(out, []*runtimeapi.ContainerConfig{{Metadata: &runtimeapi.ContainerMetadata{Name: "c1"}}})

@@ -192,7 +192,7 @@ func (s *Server) checkpointMetadata(ctx context.Context, sb *store.Sandbox, c *s
 			Name: podMeta.GetName(), Namespace: podMeta.GetNamespace(), UID: podMeta.GetUid(), SandboxID: sb.ID,
 		},
 		Container: checkpoint.Container{
-			Name: c.Name, ID: c.ID, Image: c.Config.Msg.GetImage().GetImage(), ImageRef: c.ImageRef,
+			Name: c.Config.Msg.GetMetadata().GetName(), ID: c.ID, Image: c.Config.Msg.GetImage().GetImage(), ImageRef: c.ImageRef,
 		},
 		Hypervisor: snap.Hypervisor, BaseImage: snap.Image,
 		CPU: snap.CPU, MemoryBytes: snap.Memory, StorageBytes: snap.Storage,

@@ -18,7 +18,7 @@ import (
 )
 
 // podCheckpointFile describes a pod checkpoint directory: the pod, and one container archive per
-// container, each a checkpoint archive as CheckpointContainer writes it.
+// container (<container ID>.tar), each a checkpoint archive as CheckpointContainer writes it.
 const podCheckpointFile = "pod.json"
 
 // podCheckpoint is podCheckpointFile.
@@ -152,13 +152,16 @@ func (s *Server) writePodCheckpoint(ctx context.Context, sb *store.Sandbox, memb
 		if err := checkpointable(c); err != nil {
 			return err
 		}
-		archive := c.Name + ".tar"
+		// The kubelet matches containers by their metadata name (c.Name is cocoon-cri's longer one).
+		name := c.Config.Msg.GetMetadata().GetName()
+		// Named by ID: a metadata name from a direct CRI caller need not be a safe file name.
+		archive := c.ID + ".tar"
 		path := filepath.Join(dir, archive)
 		if _, err := s.writeCheckpoint(ctx, sb, c, path); err != nil {
 			return fmt.Errorf("container %s: %w", c.ID, err)
 		}
 		written = append(written, path)
-		pc.Containers = append(pc.Containers, podCheckpointMember{Name: c.Name, Archive: archive})
+		pc.Containers = append(pc.Containers, podCheckpointMember{Name: name, Archive: archive})
 	}
 	data, err := json.MarshalIndent(pc, "", "  ")
 	if err != nil {

@@ -46,7 +46,7 @@ func TestBenchmarkCheckpoint(t *testing.T) {
 		}
 		whole = append(whole, time.Since(start))
 		save = append(save, secondsBetween(before, n.scrapeMetrics(), saveSeries))
-		if info, err := os.Stat(filepath.Join(dir, "app.tar")); err == nil {
+		if info, err := os.Stat(filepath.Join(dir, src+".tar")); err == nil {
 			size = info.Size()
 		}
 
