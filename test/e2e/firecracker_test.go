@@ -39,10 +39,10 @@ func TestFirecrackerSnapshotPod(t *testing.T) {
 }
 
 // checkFirecrackerNetwork: guest set-up gave the guest's NIC the pod's MAC and address.
-func checkFirecrackerNetwork(t *testing.T, n *node, podID, ctrID string) {
+func checkFirecrackerNetwork(t *testing.T, n *node, hostname, podID, ctrID string) {
 	t.Helper()
 	ip := n.podIP(podID)
-	if line := n.guestAnswer(fmt.Sprintf("%s:%d", ip, guestPort), "fcweb", ip); line != "fcweb "+ip+"\n" {
+	if line := n.guestAnswer(fmt.Sprintf("%s:%d", ip, guestPort), hostname, ip); line != hostname+" "+ip+"\n" {
 		t.Fatalf("the guest at %s answered %q, want the pod's hostname and IP", ip, line)
 	}
 	podMAC, _ := field(n.inspect("inspectp", podID), "info", "network", "mac").(string)
@@ -67,7 +67,8 @@ func checkFirecrackerPod(t *testing.T, n *node, agent bool) {
 		t.Fatalf("cocoon's VM runs under %q, process %q", vm.Hypervisor, cmdline)
 	}
 	if agent {
-		checkFirecrackerNetwork(t, n, podID, ctrID)
+		checkFirecrackerNetwork(t, n, "fcweb", podID, ctrID)
+		checkFirecrackerCheckpoint(t, n, ctrID)
 	}
 
 	// Console output from before cocoon-cri connects is gone (the relay keeps nothing); what is
@@ -89,6 +90,21 @@ func checkFirecrackerPod(t *testing.T, n *node, agent bool) {
 	if left := n.leftovers(); len(left) != 0 {
 		t.Fatalf("left behind: %v", left)
 	}
+}
+
+// checkFirecrackerCheckpoint: a Firecracker VM pod is checkpointed like a cloud-hypervisor one, and
+// a pod of the checkpoint runs under Firecracker with its own identity.
+func checkFirecrackerCheckpoint(t *testing.T, n *node, ctrID string) {
+	t.Helper()
+	archive := filepath.Join(n.dir, "fc-checkpoint.tar")
+	n.mustCrictl("checkpoint", "--export="+archive, ctrID)
+	if md := readCheckpointMetadata(t, archive); md.Hypervisor != cocoon.HypervisorFirecracker {
+		t.Fatalf("a Firecracker VM's checkpoint records hypervisor %q", md.Hypervisor)
+	}
+	n.importImage("e2e/fc-checkpoint:v1", archive)
+	restoredPod, restored, _ := n.runningPod("fcrestored", "e2e/fc-checkpoint:v1")
+	checkFirecrackerNetwork(t, n, "fcrestored", restoredPod, restored)
+	n.mustCrictl("rmp", "--force", restoredPod)
 }
 
 // TestFirecrackerVMImagePod: an OCI VM image pod annotated for Firecracker boots under it with
