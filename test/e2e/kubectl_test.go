@@ -372,10 +372,12 @@ func TestCluster(t *testing.T) {
 	}
 
 	// The kubelet's checkpoint API (ContainerCheckpoint, on by default) checkpoints a VM pod's
-	// container through cocoon-cri into one archive under the kubelet's checkpoints directory.
+	// container through cocoon-cri into one archive under the kubelet's checkpoints directory. The
+	// kubelet reads a timeout parameter as seconds, and kubectl's --request-timeout sends a
+	// duration ("90s") it cannot parse: none is sent, as by a kubectl without the flag.
 	nodeName := k.must("get", "nodes", "-o", "jsonpath={.items[0].metadata.name}")
 	var checkpointed struct{ Items []string }
-	if err := json.Unmarshal([]byte(k.must("create", "--raw", "/api/v1/nodes/"+nodeName+"/proxy/checkpoint/default/shell/shell", "-f", os.DevNull)), &checkpointed); err != nil || len(checkpointed.Items) != 1 {
+	if err := json.Unmarshal([]byte(k.must("create", "--request-timeout=0", "--raw", "/api/v1/nodes/"+nodeName+"/proxy/checkpoint/default/shell/shell", "-f", os.DevNull)), &checkpointed); err != nil || len(checkpointed.Items) != 1 {
 		t.Errorf("the kubelet's checkpoint answer: %v %v", checkpointed, err)
 	} else if md := readCheckpointMetadata(t, checkpointed.Items[0]); md.Pod.Name != "shell" || md.Pod.Namespace != "default" || md.Container.Name != "shell" {
 		t.Errorf("the kubelet's checkpoint %s holds %+v", checkpointed.Items[0], md)
