@@ -82,8 +82,10 @@ func writeTmpfsHeader(tw *tar.Writer, info fs.FileInfo, name, link string) error
 		return err
 	}
 	hdr.Name = name
-	// PAX keeps long names and sub-second times.
+	// PAX keeps long names and sub-second times. Only the modification time is kept: saving a
+	// file reads it (its access time), and no file's change time can be set back.
 	hdr.Format = tar.FormatPAX
+	hdr.AccessTime, hdr.ChangeTime = time.Time{}, time.Time{}
 	return tw.WriteHeader(hdr)
 }
 
