@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"net/http"
 	"net/url"
 	"os"
@@ -145,10 +147,13 @@ func (v *vmm) resumeLocked() error {
 		return fmt.Errorf("VM is %s, want %s", v.state, statePaused)
 	}
 	if v.resumePending {
-		guestOS, err := v.resumeGuestOS(v.restoredNet, v.nicsInOrder(v.cfg))
+		guestOS, err := v.resumeGuestOS(v.restoredNet, v.nicsInOrder(v.cfg), v.restoredRAM)
 		if err != nil {
 			return err
 		}
+		// The guest holds its RAM now; the memory file is no longer needed.
+		v.restoredRAM.close()
+		v.restoredRAM = nil
 		v.os = guestOS
 		if err := v.startLoad(); err != nil {
 			return err
@@ -220,13 +225,12 @@ func (v *vmm) writeSnapshot(dir string) error {
 	for name, data := range map[string][]byte{
 		snapshotConfigFile: cfg,
 		snapshotStateFile:  state,
-		snapshotMemoryFile: v.memoryImage(),
 	} {
 		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
 			return err
 		}
 	}
-	return nil
+	return v.writeMemory(filepath.Join(dir, snapshotMemoryFile))
 }
 
 // guestState is what a snapshot keeps of the paused guest. The caller holds v.mu.
@@ -242,9 +246,21 @@ func (v *vmm) guestState() (snapshotState, error) {
 	return snapshotState{VMName: v.name, State: v.state, CPUs: v.cfg.CPUs.BootVCPUs, GuestNetwork: &netState, MachineID: machineID}, nil
 }
 
-// memoryImage stands in for the guest's RAM in a snapshot.
-func (v *vmm) memoryImage() []byte {
-	return fmt.Appendf(nil, "cocoon-sim guest memory of %s\n", v.name)
+// writeMemory writes the paused guest's RAM to a snapshot's memory file (see memimage.go): the
+// running simulated guest's /dev/shm, read through its root; or, for a restored guest that has
+// not resumed yet, what it was restored with. A real kernel's RAM is QEMU's, and the benchmark's
+// null guest has none. The caller holds v.mu.
+func (v *vmm) writeMemory(path string) error {
+	var ram func(io.Writer) error
+	switch guest := v.os.(type) {
+	case *simulatedOS:
+		ram = writeShmSection(guest.shmDir())
+	case nil:
+		if v.restoredRAM.hasShm() {
+			ram = v.restoredRAM.copyShmSection
+		}
+	}
+	return writeMemoryFile(path, v.name, ram)
 }
 
 // handleRestore loads a snapshot directory into a hypervisor that has no VM yet. The VM comes up
@@ -270,13 +286,19 @@ func (v *vmm) handleRestore(w http.ResponseWriter, r *http.Request) {
 		apiError(w, "vm.restore: VM is already created")
 		return
 	}
+	if restored.ram, err = openMemoryFile(filepath.Join(dir, snapshotMemoryFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		apiError(w, "vm.restore: %v", err)
+		return
+	}
 	if req.MemoryRestoreMode == memoryRestoreOnDemand {
 		if err := v.watchMemoryFiles(dir); err != nil {
+			restored.ram.close()
 			apiError(w, "vm.restore: %v", err)
 			return
 		}
 	}
 	if err := v.restoreLocked(cfg, restored); err != nil {
+		restored.ram.close()
 		apiError(w, "vm.restore: %v", err)
 		return
 	}
@@ -299,6 +321,7 @@ func (v *vmm) restoreLocked(cfg *VMConfig, restored restoredGuest) error {
 	v.resumePending = true
 	v.restoredNet = restored.net
 	v.restoredMachineID = restored.machineID
+	v.restoredRAM = restored.ram
 	return nil
 }
 
@@ -317,6 +340,8 @@ type snapshotState struct {
 type restoredGuest struct {
 	net       guestNetwork
 	machineID string
+	// ram is the snapshot's memory file; nil when it has none the simulator can read.
+	ram *restoredRAM
 }
 
 // readSnapshot loads a snapshot's configuration and the guest's state. A state.json without a

@@ -1,6 +1,9 @@
 package guest
 
-import "fmt"
+import (
+	"fmt"
+	"os"
+)
 
 // bootGuestOS starts the operating system of a cold-booted VM behind its NICs, whose TAP queues
 // the hypervisor has already opened (in nics order, cfg.Nets order).
@@ -21,7 +24,7 @@ func (v *vmm) bootGuestOS(cfg *VMConfig, nics []*nic) (guestOS, error) {
 		return nullOS{v}, nil
 	}
 	v.printBanner(cfg)
-	s, err := v.startSimulatedGuest(netState, nics)
+	s, err := v.startSimulatedGuest(netState, nics, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -31,20 +34,30 @@ func (v *vmm) bootGuestOS(cfg *VMConfig, nics []*nic) (guestOS, error) {
 }
 
 // resumeGuestOS brings back the guest of a restored snapshot when it first resumes: with the
-// network state it had, on the NICs the VM has now.
-func (v *vmm) resumeGuestOS(netState guestNetwork, nics []*nic) (guestOS, error) {
+// network state it had, on the NICs the VM has now, and with the RAM (its /dev/shm) of the
+// snapshot's memory file.
+func (v *vmm) resumeGuestOS(netState guestNetwork, nics []*nic, ram *restoredRAM) (guestOS, error) {
 	if FixedLatency() > 0 {
 		return nullOS{v}, nil
 	}
-	return v.startSimulatedGuest(netState, nics)
+	return v.startSimulatedGuest(netState, nics, ram)
 }
 
-func (v *vmm) startSimulatedGuest(netState guestNetwork, nics []*nic) (guestOS, error) {
+// startSimulatedGuest starts the simulated guest OS; ram, when not nil, is the memory it comes
+// back with.
+func (v *vmm) startSimulatedGuest(netState guestNetwork, nics []*nic, ram *restoredRAM) (guestOS, error) {
 	plan, err := planGuest(v.runDir, v.spec, netState, v.restoredMachineID)
 	if err != nil {
 		return nil, err
 	}
-	s, err := startSimulatedOS(v.logger, v.name, plan, netState, func() { v.powerOff("the guest shut down") })
+	var shm *os.File
+	if ram.hasShm() {
+		if shm, err = ram.shmTar(); err != nil {
+			return nil, fmt.Errorf("read the snapshot's memory: %w", err)
+		}
+		plan.RestoreShm = true
+	}
+	s, err := startSimulatedOS(v.logger, v.name, plan, netState, shm, func() { v.powerOff("the guest shut down") })
 	if err != nil {
 		return nil, err
 	}

@@ -523,7 +523,7 @@ func (v *fcVMM) handleSnapshotCreate(w http.ResponseWriter, r *http.Request) {
 		fcFault(w, "Create snapshot error: %v", err)
 		return
 	}
-	if err := os.WriteFile(req.MemFilePath, v.memoryImage(), 0o600); err != nil {
+	if err := v.writeMemory(req.MemFilePath); err != nil {
 		fcFault(w, "Create snapshot error: %v", err)
 		return
 	}
@@ -613,9 +613,18 @@ func (v *fcVMM) handleSnapshotLoad(w http.ResponseWriter, r *http.Request) {
 		fcFault(w, "Load snapshot error: %v", err)
 		return
 	}
+	// A Uffd backend is a page-fault handler's socket, whose protocol the simulator does not
+	// speak: such a guest comes back with an empty /dev/shm.
+	if req.MemBackend.BackendType == "File" {
+		if restored.ram, err = openMemoryFile(req.MemBackend.BackendPath); err != nil {
+			fcFault(w, "Load snapshot error: Cannot open the memory file: %v", err)
+			return
+		}
+	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if err := v.restoreLocked(&cfg, restored); err != nil {
+		restored.ram.close()
 		fcFault(w, "Load snapshot error: %v", err)
 		return
 	}

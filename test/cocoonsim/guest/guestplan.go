@@ -35,6 +35,9 @@ type osPlan struct {
 	SSHDConfig string `json:"sshd_config,omitempty"`
 	// NoAgent: the guest runs no cocoon-agent.
 	NoAgent bool `json:"no_agent,omitempty"`
+	// RestoreShm: the guest comes back from a snapshot whose memory holds a tmpfs, which it
+	// reads from the memory file on shmImageFD into its /dev/shm before anything runs in it.
+	RestoreShm bool `json:"restore_shm,omitempty"`
 }
 
 // guestFile is a file of the run dir that the guest sees at Path.

@@ -1,6 +1,7 @@
 package guest
 
 import (
+	"bufio"
 	"fmt"
 	"io"
 	"net"
@@ -25,6 +26,9 @@ const (
 	readyFD = 4
 	// vsockFD is the guest's end of its virtio-vsock device (see newVsockDevice).
 	vsockFD = 5
+	// shmImageFD, for a guest restored with plan.RestoreShm, is the snapshot's memory file at
+	// the tar of its /dev/shm.
+	shmImageFD = 6
 )
 
 // runGuestOS is the simulated guest operating system. The hypervisor starts it in network, UTS,
@@ -58,6 +62,11 @@ func bootGuestServices(vsockDev *os.File) error {
 	}
 	if err := setupMounts(plan); err != nil {
 		return err
+	}
+	if plan.RestoreShm {
+		if err := restoreShm(); err != nil {
+			return err
+		}
 	}
 	if err := writeFsMountHelper(plan.RunDir); err != nil {
 		return err
@@ -95,6 +104,17 @@ func bootGuestServices(vsockDev *os.File) error {
 		ports[AgentPort] = (&agent{reaper: r}).serve
 	}
 	go func() { _ = ports.serve(vsockDev) }()
+	return nil
+}
+
+// restoreShm fills the guest's fresh /dev/shm from the snapshot's memory, before any process of
+// the guest can look at it.
+func restoreShm() error {
+	mem := os.NewFile(shmImageFD, "memory")
+	defer mem.Close() //nolint:errcheck
+	if err := readTmpfs(bufio.NewReaderSize(mem, 1<<20), guestShm); err != nil {
+		return fmt.Errorf("restore %s from the snapshot's memory: %w", guestShm, err)
+	}
 	return nil
 }
 

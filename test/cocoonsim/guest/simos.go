@@ -60,8 +60,9 @@ type simulatedOS struct {
 }
 
 // startSimulatedOS starts the guest OS process as plan says, with the network state netState,
-// and waits until it listens. It has no NIC yet. onShutdown runs if the guest powers itself off.
-func startSimulatedOS(logger *log.Logger, vmName string, plan osPlan, netState guestNetwork, onShutdown func()) (_ *simulatedOS, err error) {
+// and waits until it listens. It has no NIC yet. shm, with plan.RestoreShm, is the snapshot's
+// memory file at the tmpfs the guest restores. onShutdown runs if the guest powers itself off.
+func startSimulatedOS(logger *log.Logger, vmName string, plan osPlan, netState guestNetwork, shm *os.File, onShutdown func()) (_ *simulatedOS, err error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("find own executable: %w", err)
@@ -88,11 +89,15 @@ func startSimulatedOS(logger *log.Logger, vmName string, plan osPlan, netState g
 		return nil, err
 	}
 	defer vsockGuestEnd.Close() //nolint:errcheck
+	extra := []*os.File{lifeR, readyW, vsockGuestEnd}
+	if plan.RestoreShm {
+		extra = append(extra, shm)
+	}
 	proc := &exec.Cmd{
 		Path:       self,
 		Args:       []string{guestOSArgv0, vmName},
 		Env:        append(os.Environ(), roleEnv+"="+roleGuestOS, planEnv),
-		ExtraFiles: []*os.File{lifeR, readyW, vsockGuestEnd},
+		ExtraFiles: extra,
 		Stdout:     os.Stderr,
 		Stderr:     os.Stderr,
 		SysProcAttr: &syscall.SysProcAttr{
@@ -203,6 +208,12 @@ func (s *simulatedOS) unplug(id string) {
 }
 
 func (s *simulatedOS) network() guestNetwork { return s.netState }
+
+// shmDir is the guest's /dev/shm, the tmpfs that is its RAM, as the hypervisor reaches it: through
+// the root of the guest OS process, in the guest's mount namespace.
+func (s *simulatedOS) shmDir() string {
+	return fmt.Sprintf("/proc/%d/root%s", s.proc.Process.Pid, guestShm)
+}
 
 // connectVsock hands a host connection to the guest's vsock device.
 func (s *simulatedOS) connectVsock(port uint32, conn *net.UnixConn) {

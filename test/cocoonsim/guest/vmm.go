@@ -41,11 +41,12 @@ type vmm struct {
 	cfg   *VMConfig // nil until the VM is booted or restored
 	state string
 	// resumePending is set by vm.restore: the guest comes back on the first vm.resume, with the
-	// network state restoredNet and the machine-id restoredMachineID it had when the snapshot
-	// was taken.
+	// network state restoredNet, the machine-id restoredMachineID and the RAM restoredRAM it had
+	// when the snapshot was taken.
 	resumePending     bool
 	restoredNet       guestNetwork
 	restoredMachineID string
+	restoredRAM       *restoredRAM // the snapshot's memory file until the first resume; nil without one
 	console           *console
 	nics              map[string]*nic      // open virtio-net devices by ID
 	os                guestOS              // nil while no guest runs
@@ -179,6 +180,8 @@ func (v *vmm) stopGuest() {
 		v.os.stop()
 		v.os, v.diskDevs = nil, nil
 	}
+	v.restoredRAM.close()
+	v.restoredRAM = nil
 	v.closeVFIOGroups()
 	v.closeFsDevices()
 	if v.load != nil {
