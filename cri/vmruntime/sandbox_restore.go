@@ -166,7 +166,7 @@ func readArchiveMetadata(path string) (*checkpoint.Metadata, error) {
 // importCheckpoint brings a container's checkpoint archive in as an image, once per content, and
 // returns its reference.
 func (s *Server) importCheckpoint(ctx context.Context, path string) (string, error) {
-	digest, err := imagestore.FileDigest(path)
+	digest, err := s.archives.digest(path, s.nowFunc())
 	if err != nil {
 		return "", err
 	}

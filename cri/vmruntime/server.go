@@ -132,6 +132,8 @@ type Server struct {
 	samplers vmstats.Samplers // running hypervisors' /proc files, by container ID
 
 	pullAuths pullAuths
+	// archives are the digests of checkpoint archives RestorePod has read.
+	archives archiveDigests
 
 	iosMu   sync.Mutex
 	ios     map[string]*containerIO // running containers' streams, by container ID
