@@ -32,7 +32,7 @@ func registryError(registry string, err error) error {
 	if errors.As(err, &terr) {
 		switch {
 		case terr.StatusCode == http.StatusUnauthorized || hasCode(terr, transport.UnauthorizedErrorCode):
-			return fmt.Errorf("registry %s refused the pull without valid credentials (%w): %v", registry, ErrUnauthenticated, err)
+			return fmt.Errorf("registry %s refused the request without valid credentials (%w): %v", registry, ErrUnauthenticated, err)
 		case terr.StatusCode == http.StatusForbidden || hasCode(terr, transport.DeniedErrorCode):
 			return fmt.Errorf("registry %s denied access (%w): %v", registry, ErrPermissionDenied, err)
 		case terr.StatusCode == http.StatusNotFound || hasCode(terr, transport.ManifestUnknownErrorCode, transport.NameUnknownErrorCode):

@@ -1,15 +1,26 @@
 package main
 
 import (
+	"bufio"
+	"context"
+	"errors"
 	"fmt"
+	"io"
 	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
 
+	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/cocoonstack/cocoon-cri/cri/vmruntime"
 	"github.com/cocoonstack/cocoon-cri/imagestore"
+	"github.com/cocoonstack/cocoon-cri/pkg/config"
 )
 
 func newImageCommand(o *options) *cobra.Command {
@@ -31,8 +42,105 @@ func newImageCommand(o *options) *cobra.Command {
 		},
 	}
 	imp.Flags().StringVar(&ref, "ref", "", "image reference to record the image under, e.g. registry.example/ubuntu:24.04")
-	cmd.AddCommand(imp)
+	cmd.AddCommand(imp, newImagePushCommand(o))
 	return cmd
+}
+
+func newImagePushCommand(o *options) *cobra.Command {
+	var creds string
+	push := &cobra.Command{
+		Use:   "push [flags] ARCHIVE REF",
+		Short: "Push a cocoon snapshot archive or a checkpoint archive to a registry",
+		Long: "Push ARCHIVE to the registry under REF (a tag) as a cocoon snapshot artifact (epoch's format),\n" +
+			"which a pod with image REF on any node clones: ARCHIVE is what cocoon snapshot export writes,\n" +
+			"plain or gzip-compressed, or a cocoon-cri checkpoint archive, whose metadata goes into the\n" +
+			"manifest's io.cocoonstack.cri.checkpoint annotation. Prints REF@DIGEST.\n" +
+			"Registries are reached as the daemon pulls (--registry-insecure, --registry-ca-file).\n" +
+			"Credentials come from --creds (or " + config.EnvName(envPrefix, "creds") + "), else from the docker\n" +
+			"config (DOCKER_CONFIG or ~/.docker/config.json) for REF's registry.",
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return pushImage(ctx, cmd, o, creds, args[0], args[1])
+		},
+	}
+	push.Flags().StringVar(&creds, "creds", "", "USER[:PASSWORD] for the registry; without a password it is asked for (or read from standard input)")
+	o.addRegistryFlags(push.Flags())
+	return push
+}
+
+func pushImage(ctx context.Context, cmd *cobra.Command, o *options, creds, archive, ref string) error {
+	opts := imagestore.PushOptions{
+		Insecure: o.registryInsecure,
+		CAFile:   o.registryCAFile,
+		Keychain: authn.DefaultKeychain,
+		OnFile: func(name string, size int64) {
+			fmt.Fprintf(cmd.ErrOrStderr(), "pushing %s (%s)\n", name, formatBytes(size))
+		},
+	}
+	if creds != "" {
+		user, password, err := parseCreds(cmd, creds)
+		if err != nil {
+			return err
+		}
+		opts.Credentials = imagestore.Credentials{Username: user, Password: password}
+	}
+	res, err := imagestore.Push(ctx, archive, ref, opts)
+	if err != nil {
+		return err
+	}
+	if md := res.Checkpoint; md != nil {
+		fmt.Fprintf(cmd.ErrOrStderr(), "checkpoint of container %s of pod %s/%s, taken %s\n",
+			md.Container.Name, md.Pod.Namespace, md.Pod.Name, md.CreatedAt.Format(time.RFC3339))
+	}
+	if len(res.Uncarried) > 0 {
+		fmt.Fprintf(cmd.ErrOrStderr(), "warning: the snapshot artifact has no field for snapshot.json's %s: "+
+			"a pull of it has cocoon's defaults instead\n", strings.Join(res.Uncarried, ", "))
+	}
+	fmt.Fprintln(cmd.OutOrStdout(), res.DigestRef())
+	return nil
+}
+
+// parseCreds reads USER[:PASSWORD]; a missing password is asked for on the terminal, or read as
+// the first line of standard input when that is not a terminal.
+func parseCreds(cmd *cobra.Command, creds string) (string, string, error) {
+	user, password, hasPassword := strings.Cut(creds, ":")
+	if user == "" {
+		return "", "", fmt.Errorf("--creds %q: want USER[:PASSWORD]", creds)
+	}
+	if hasPassword {
+		return user, password, nil
+	}
+	in := cmd.InOrStdin()
+	if f, ok := in.(*os.File); ok && term.IsTerminal(int(f.Fd())) { //nolint:gosec // a file descriptor fits an int
+		fmt.Fprintf(cmd.ErrOrStderr(), "password for %s: ", user)
+		data, err := term.ReadPassword(int(f.Fd())) //nolint:gosec // as above
+		fmt.Fprintln(cmd.ErrOrStderr())
+		if err != nil {
+			return "", "", fmt.Errorf("read the password: %w", err)
+		}
+		return user, string(data), nil
+	}
+	line, err := bufio.NewReader(in).ReadString('\n')
+	if err != nil && (!errors.Is(err, io.EOF) || line == "") {
+		return "", "", fmt.Errorf("--creds %s has no password, and none was on standard input: %w", user, err)
+	}
+	return user, strings.TrimRight(line, "\r\n"), nil
+}
+
+// formatBytes is n in binary units, for people.
+func formatBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
 
 // importImage hashes the file, then streams it to the daemon, which checks the digest as cocoon

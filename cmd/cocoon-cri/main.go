@@ -1,6 +1,6 @@
 // Command cocoon-cri is a Kubernetes CRI runtime that runs pods as cocoon MicroVMs. Without a
 // subcommand it serves the CRI on a unix socket; "cocoon-cri image import" loads an image into a
-// running daemon.
+// running daemon, and "cocoon-cri image push" pushes a snapshot archive to a registry.
 package main
 
 import (

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/cocoonstack/cocoon-cri/cri/passthrough"
@@ -127,9 +128,7 @@ func (o *options) addFlags(cmd *cobra.Command) {
 		"what to do at start with VMs named like cocoon-cri's that no record claims: alert (log and count), destroy (vm rm --force) or keep")
 	d.DurationVar(&o.guestReadyTimeout, "guest-ready-timeout", o.guestReadyTimeout,
 		"how long a started guest may take before it runs commands (its agent or sshd up)")
-	d.StringSliceVar(&o.registryInsecure, "registry-insecure", o.registryInsecure,
-		"registries (host or host:port) that may be pulled from over plain HTTP; loopback ones always may (repeat or separate with commas)")
-	d.StringVar(&o.registryCAFile, "registry-ca-file", o.registryCAFile, "PEM file of CA certificates trusted for registries, besides the system's")
+	o.addRegistryFlags(d)
 	d.DurationVar(&o.pullProgressTimeout, "image-pull-progress-timeout", o.pullProgressTimeout,
 		"fail an image pull that receives nothing from its registry for this long (0: never)")
 	d.StringVar(&o.metricsAddr, "metrics-addr", o.metricsAddr,
@@ -152,6 +151,14 @@ func (o *options) addFlags(cmd *cobra.Command) {
 		}
 		return o.validate()
 	}
+}
+
+// addRegistryFlags defines how registries are reached: the daemon's flags for pulls, which
+// `image push` takes too.
+func (o *options) addRegistryFlags(f *pflag.FlagSet) {
+	f.StringSliceVar(&o.registryInsecure, "registry-insecure", o.registryInsecure,
+		"registries (host or host:port) that may be reached over plain HTTP; loopback ones always may (repeat or separate with commas)")
+	f.StringVar(&o.registryCAFile, "registry-ca-file", o.registryCAFile, "PEM file of CA certificates trusted for registries, besides the system's")
 }
 
 // defaultMaxCocoonCalls lets cocoon commands use every CPU while others wait on I/O, without the
