@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/cocoonstack/cocoon-cri/pkg/checkpoint"
 	"github.com/cocoonstack/cocoon-cri/pkg/faultpoint"
+	"github.com/cocoonstack/cocoon-cri/test/registry"
 )
 
 // TestCheckpointCarriesTheGuestToANewPod checkpoints a running VM pod with crictl, imports the
@@ -47,6 +49,21 @@ func TestCheckpointCarriesTheGuestToANewPod(t *testing.T) {
 	}
 	if snaps, _ := n.cocoon("snapshot", "list", "-o", "json"); strings.Contains(snaps, "cri-ckpt-") {
 		t.Fatalf("a checkpoint's snapshot is left in cocoon: %s", snaps)
+	}
+
+	// Pushed to a registry, the checkpoint runs on another node, which pulls it as any image.
+	n2 := newNode(t)
+	n2.withSnapshot() // the node has the checkpoint's base image, as the fleet's nodes do
+	reg := n2.registry(registry.Options{})
+	ref := reg.Host + "/e2e/checkpoint:v1"
+	push := exec.Command("nsenter", "--net="+n2.nodeNS, "--", bins.cocoonCRI, "image", "push", archive, ref)
+	if out, err := push.CombinedOutput(); err != nil {
+		t.Fatalf("image push: %v: %s", err, out)
+	}
+	n2.pull(ref)
+	_, moved, _ := n2.runningPod("moved", ref)
+	if out := n2.mustCrictl("exec", moved, "sh", "-c", "cat /dev/shm/state; hostname"); out != "kept\nmoved" {
+		t.Fatalf("the checkpoint pulled on another node: %q", out)
 	}
 
 	// cocoon-cri killed between the save and the export: once it is back, the VM runs and nothing
