@@ -10,8 +10,10 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -55,7 +57,9 @@ d=` + fc.dir + `
 echo "$*" >> $d/argv.log
 fail() { if [ -f $d/$1.fail ]; then echo "Error: $(cat $d/$1.fail)" >&2; exit 1; fi; }
 case "$*" in
-*"snapshot save"*) fail save ;;
+*"snapshot save"*) fail save
+  # With a file "save.hold", the save waits for "save.go" (a test's cue), then says it ended.
+  if [ -f $d/save.hold ]; then i=0; while [ ! -f $d/save.go ] && [ $i -lt 3000 ]; do sleep 0.01; i=$((i+1)); done; echo ended >> $d/save.log; fi ;;
 *"snapshot inspect"*) echo '{"id":"SNAPID00000000000000000001","name":"n","cpu":2,"memory":536870912,"storage":10737418240,"hypervisor":"cloud-hypervisor","image":"cocoon.local/base:v1"}' ;;
 *"snapshot export"*) if [ -f $d/export.fail ]; then head -c 100 $d/export.tar; fi; fail export; cat $d/export.tar ;;
 *"snapshot rm"*) fail rm ;;
@@ -271,6 +275,45 @@ func TestCheckpointContainerFailureLeavesNothing(t *testing.T) {
 				t.Errorf("container is %s after a failed checkpoint", c.State)
 			}
 		})
+	}
+}
+
+// TestCheckpointSaveOutlivesTheDeadline: the guest is paused inside cocoon's save, which resumes
+// it only at its end, so a deadline that passes during the save must not kill it.
+func TestCheckpointSaveOutlivesTheDeadline(t *testing.T) {
+	fc := newSaveCocoon(t)
+	s := checkpointServer(t, fc)
+	if err := os.WriteFile(filepath.Join(fc.dir, "save.hold"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	dir := t.TempDir()
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.CheckpointContainer(ctx, &runtimeapi.CheckpointContainerRequest{ContainerId: "c1", Location: filepath.Join(dir, "c1.tar")})
+		done <- err
+	}()
+	// Once the save runs, the caller gives up; then the save is let go on.
+	for !slices.ContainsFunc(fc.calls(t), func(c string) bool { return strings.HasPrefix(c, "snapshot save") }) {
+		select {
+		case err := <-done:
+			t.Fatalf("the checkpoint ended before its save: %v", err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	cancel()
+	if err := os.WriteFile(filepath.Join(fc.dir, "save.go"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("error %v, want the caller's cancellation", err)
+	}
+	if ended, _ := os.ReadFile(filepath.Join(fc.dir, "save.log")); string(ended) != "ended\n" {
+		t.Fatal("the save was killed at the caller's deadline: the guest would stay paused")
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("a checkpoint past its deadline left %v", entries)
 	}
 }
 
