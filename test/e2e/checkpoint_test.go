@@ -156,3 +156,21 @@ func readCheckpointMetadata(t *testing.T, path string) *checkpoint.Metadata {
 	}
 	return md
 }
+
+// TestCheckpointOnCocoon038: cocoon v0.3.8 saves and exports snapshots as v0.5 does, so a VM pod
+// on it is checkpointed, and a pod of the checkpoint runs. (v0.3.8 has no vm exec: the guest's
+// memory is checked on v0.5 only.)
+func TestCheckpointOnCocoon038(t *testing.T) {
+	n := oldCocoonNode(t)
+	_, src, _ := n.runningPod("old", snapRef)
+	archive := filepath.Join(n.dir, "old-checkpoint.tar")
+	n.mustCrictl("checkpoint", "--export="+archive, src)
+	if md := readCheckpointMetadata(t, archive); md.CocoonVersion != "v0.3.8" || md.Container.Name != "app" {
+		t.Fatalf("checkpoint metadata %+v", md)
+	}
+	n.importImage("e2e/old-checkpoint:v1", archive)
+	_, restored, _ := n.runningPod("old-restored", "e2e/old-checkpoint:v1")
+	if state := field(n.inspect("inspect", restored), "status", "state"); state != "CONTAINER_RUNNING" {
+		t.Fatalf("a pod of the checkpoint is %v", state)
+	}
+}
