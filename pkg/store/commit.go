@@ -11,6 +11,12 @@ import (
 // one bbolt transaction and one sync. The first to arrive when none is being written leads: it
 // writes groups until none is left. One writer at a time costs what it did alone; fifty at once
 // (a node starting pods) cost a few syncs instead of fifty in a row.
+//
+// bbolt's DB.Batch groups too, but not as this needs: it holds a lone transaction back for
+// MaxBatchDelay (10 ms by default) hoping for company, which a lifecycle RPC alone on the node
+// would pay every time; it retries a failed group's functions one by one, so a function may run
+// twice; and it tells callers nothing in arrival order, where settle must update the in-memory
+// tables in exactly the order the file took the changes.
 type committer struct {
 	db      *bolt.DB
 	mu      sync.Mutex
