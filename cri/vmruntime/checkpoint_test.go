@@ -103,7 +103,7 @@ func checkpointServer(t *testing.T, fc *saveCocoon) *Server {
 		t.Fatal(err)
 	}
 	nets := tapmanager.NewManager(tapmanager.Config{StateDir: filepath.Join(dir, "network")})
-	s := New(Config{CheckpointJournal: filepath.Join(dir, "checkpoints")}, slog.New(slog.DiscardHandler), st, cc, nets, images)
+	s := New(Config{CheckpointJournal: filepath.Join(dir, "checkpoints")}, slog.New(slog.DiscardHandler), st, CocoonClient(cc), nets, images)
 	addSandbox(t, s, "pod1", store.SandboxReady)
 	addContainer(t, s, &store.Container{ID: "c1", SandboxID: "pod1", State: store.ContainerRunning, ImageRef: "sha256:abc", VM: store.VM{ID: "vm1"}})
 	return s
