@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -339,5 +340,81 @@ func TestRestorePodRefusesWhatItCannotRestore(t *testing.T) {
 	}
 	if data, _ := os.ReadFile(filepath.Join(notArchive, "c1.tar")); string(data) != "junk" {
 		t.Error("the checkpoint data was modified")
+	}
+}
+
+// TestCheckpointAndRestoreAPod runs a pod, checkpoints it, restores the checkpoint as a new pod
+// and starts it, all on the in-process cocoon and network: the restored container clones the
+// snapshot its VM was saved to, under the new pod's own sandbox and address.
+func TestCheckpointAndRestoreAPod(t *testing.T) {
+	n := newFakeNode(t, Config{CheckpointJournal: filepath.Join(t.TempDir(), "checkpoints")})
+	ctx := context.Background()
+	sandboxID, containerID := n.runningPod("web")
+	saved := n.container(containerID)
+	out := t.TempDir()
+	if _, err := n.s.CheckpointPod(ctx, &runtimeapi.CheckpointPodRequest{PodSandboxId: sandboxID, OutputPath: out, ContainerIds: []string{containerID}}); err != nil {
+		t.Fatal(err)
+	}
+	if c := n.container(containerID); c.State != store.ContainerRunning {
+		t.Fatalf("container is %s after the checkpoint", c.State)
+	}
+	image, _ := n.s.images.Get(snapshotRef)
+	if snaps := n.cocoon.snapshotNames(); !slices.Equal(snaps, []string{image.LocalName}) {
+		t.Fatalf("snapshots after the checkpoint %q: the checkpoint's own must be gone", snaps)
+	}
+
+	restore := func(name string) (*runtimeapi.RestorePodResponse, error) {
+		return n.s.RestorePod(ctx, &runtimeapi.RestorePodRequest{
+			CheckpointPath: out, Config: podConfig(name), RuntimeHandler: HandlerName,
+			ContainerConfigs: []*runtimeapi.ContainerConfig{containerConfig("app", snapshotRef)},
+		})
+	}
+	resp, err := restore("web-restored")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.GetPodSandboxId() == sandboxID || len(resp.GetRestoredContainers()) != 1 || resp.GetRestoredContainers()[0].GetName() != "app" {
+		t.Fatalf("RestorePod answered %v", resp)
+	}
+	restoredID := resp.GetRestoredContainers()[0].GetContainerId()
+	sb := n.sandbox(resp.GetPodSandboxId())
+	if sb.State != store.SandboxReady || sb.Network.IPs[0] == n.sandbox(sandboxID).Network.IPs[0] {
+		t.Errorf("restored sandbox %+v, network %+v: it needs its own address", sb, sb.Network)
+	}
+	c := n.container(restoredID)
+	img, err := n.s.images.Get(c.ImageRef)
+	if c.State != store.ContainerCreated || !strings.HasPrefix(c.ImageRef, checkpointRepository+":sha256-") || err != nil ||
+		img.Kind != store.ImageSnapshot || img.Snapshot.CPU != saved.VM.CPU || img.Snapshot.Memory != saved.VM.Memory || c.VM.Source != img.LocalName {
+		t.Fatalf("restored container %+v, image %+v, %v", c, img, err)
+	}
+	n.startContainer(restoredID)
+	c = n.container(restoredID)
+	vm, ok := n.cocoon.vm(c.VM.ID)
+	if c.State != store.ContainerRunning || !ok || vm.Config.Image != "cocoon.local/base:v1" || n.cocoon.vmConfDir(vm.ID) != n.net.CocoonConfDir(sb.ID) {
+		t.Fatalf("restored container %+v, VM %+v", c, vm)
+	}
+	wantCalls(t, "clone", n.cocoon.calls("VMClone")[1:], "VMClone "+c.VM.Name+" "+img.LocalName)
+
+	// The same checkpoint again: its archive is imported once.
+	if _, err := restore("web-restored-again"); err != nil {
+		t.Fatal(err)
+	}
+	if calls := n.cocoon.calls("SnapshotImport"); len(calls) != 2 /* the app image, the checkpoint */ {
+		t.Errorf("imports %q", calls)
+	}
+
+	// A restore that fails once its sandbox exists leaves no sandbox.
+	settle(n.s)
+	before := len(n.st.Sandboxes.List(nil))
+	held := n.net.held()
+	n.cocoon.failOnce("Capabilities", cocoonErr(nil, "cocoon is being upgraded", "version"))
+	if _, err := restore("web-restored-failed"); err == nil {
+		t.Fatal("the restore succeeded")
+	}
+	if after := len(n.st.Sandboxes.List(nil)); after != before {
+		t.Errorf("%d sandboxes after a failed restore, %d before", after, before)
+	}
+	if after := n.net.held(); !slices.Equal(after, held) {
+		t.Errorf("a failed restore left %q on the network (before: %q)", after, held)
 	}
 }
