@@ -529,3 +529,35 @@ func TestFailedRunPodSandboxLeavesNothing(t *testing.T) {
 		})
 	}
 }
+
+// Status asks cocoon (its version) and the pod network (its readiness) and says why either is
+// not ready.
+func TestStatusOnTheFakes(t *testing.T) {
+	ctx := context.Background()
+	n := newFakeNode(t, Config{})
+	resp, err := n.s.Status(ctx, &runtimeapi.StatusRequest{Verbose: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cond := range resp.GetStatus().GetConditions() {
+		if !cond.GetStatus() {
+			t.Errorf("condition %v", cond)
+		}
+	}
+	if !strings.Contains(resp.GetInfo()["info"], `"cocoonBinary":"cocoon (in-process fake)"`) {
+		t.Errorf("verbose info %s", resp.GetInfo()["info"])
+	}
+
+	n = newFakeNode(t, Config{})
+	n.cocoon.failAlways("Version", cocoonErr(nil, "permission denied", "version"))
+	n.net.failAlways("Ready", errors.New("no CNI configuration"))
+	resp, err = n.s.Status(ctx, &runtimeapi.StatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conds := resp.GetStatus().GetConditions()
+	if len(conds) != 2 || conds[0].GetStatus() || conds[0].GetReason() != reasonCocoonUnavailable || !strings.Contains(conds[0].GetMessage(), "permission denied") ||
+		conds[1].GetStatus() || conds[1].GetReason() != reasonNetworkNotReady || !strings.Contains(conds[1].GetMessage(), "no CNI configuration") {
+		t.Errorf("conditions %v", conds)
+	}
+}
