@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"slices"
 	"time"
@@ -64,10 +65,22 @@ type PullResult struct {
 	Err   error
 }
 
+// Cocoon is what the image service runs of cocoon: *cocoon.Client's methods of the same names, with
+// their contract (docs/cocoon-contract.md). A missing artifact's removal is cocoon.ErrNotFound.
+type Cocoon interface {
+	SnapshotImport(ctx context.Context, r io.Reader, name, description string) (*cocoon.Snapshot, error)
+	SnapshotRemove(ctx context.Context, ref string) error
+	ImageImport(ctx context.Context, r io.Reader, name string) (*cocoon.Image, error)
+	ImagePull(ctx context.Context, ref string, o cocoon.PullOptions) (*cocoon.Image, error)
+	ImageRemove(ctx context.Context, ref string) error
+}
+
+var _ Cocoon = (*cocoon.Client)(nil)
+
 // Service manages images.
 type Service struct {
 	store    *store.Store
-	cocoon   *cocoon.Client
+	cocoon   Cocoon
 	log      *slog.Logger
 	dirs     Dirs
 	fs       *refresh.Value[fsUsage]
@@ -80,8 +93,8 @@ type Service struct {
 	digestLocks keylock.Map
 }
 
-// New returns the image service.
-func New(st *store.Store, cc *cocoon.Client, log *slog.Logger, dirs Dirs, pull PullOptions) (*Service, error) {
+// New returns the image service over cc (the daemon's *cocoon.Client, or a test's fake).
+func New(st *store.Store, cc Cocoon, log *slog.Logger, dirs Dirs, pull PullOptions) (*Service, error) {
 	registry, err := newRegistryClient(pull.Insecure, pull.CAFile)
 	if err != nil {
 		return nil, err

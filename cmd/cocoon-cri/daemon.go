@@ -130,7 +130,7 @@ func runDaemon(parent context.Context, o *options) error {
 		Virtiofsd:           findVirtiofsd(o.virtiofsd, log),
 		ShareDir:            filepath.Join(o.stateDir, "shares"),
 		CheckpointJournal:   filepath.Join(o.stateDir, "checkpoints"),
-	}, log, st, cc, nets, images)
+	}, log, st, vmruntime.CocoonClient(cc), nets, images)
 	defer vms.Shutdown()
 
 	var pass cri.Backend

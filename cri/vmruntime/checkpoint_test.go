@@ -1,128 +1,46 @@
 package vmruntime
 
 import (
-	"archive/tar"
 	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/cocoonstack/cocoon-cri/imagestore"
 	"github.com/cocoonstack/cocoon-cri/pkg/checkpoint"
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
-	"github.com/cocoonstack/cocoon-cri/pkg/store/storetest"
-	"github.com/cocoonstack/cocoon-cri/tapmanager"
 )
 
-// saveCocoon is a cocoon that saves and exports snapshots as cocoon's CLI answers: save prints no
-// JSON, inspect does, export writes the archive to stdout. A file "<command>.fail" in its
-// directory makes that command fail with the file's content as cocoon's error, after export has
-// written part of its archive.
-type saveCocoon struct {
-	dir    string
-	export []byte
-}
-
-func newSaveCocoon(t *testing.T) *saveCocoon {
-	t.Helper()
-	fc := &saveCocoon{dir: t.TempDir()}
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	for _, f := range []struct{ name, body string }{{"snapshot.json", `{"version":1}`}, {"memory-ranges", "guest memory"}} {
-		if err := tw.WriteHeader(&tar.Header{Name: f.name, Mode: 0o640, Size: int64(len(f.body))}); err != nil {
-			t.Fatal(err)
-		}
-		_, _ = tw.Write([]byte(f.body))
-	}
-	_ = tw.Close()
-	fc.export = buf.Bytes()
-	if err := os.WriteFile(filepath.Join(fc.dir, "export.tar"), fc.export, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	script := `#!/bin/sh
-d=` + fc.dir + `
-echo "$*" >> $d/argv.log
-fail() { if [ -f $d/$1.fail ]; then echo "Error: $(cat $d/$1.fail)" >&2; exit 1; fi; }
-case "$*" in
-*"snapshot save"*) fail save
-  # With a file "save.hold", the save waits for "save.go" (a test's cue), then says it ended.
-  if [ -f $d/save.hold ]; then i=0; while [ ! -f $d/save.go ] && [ $i -lt 3000 ]; do sleep 0.01; i=$((i+1)); done; echo ended >> $d/save.log; fi ;;
-*"snapshot inspect"*) echo '{"id":"SNAPID00000000000000000001","name":"n","cpu":2,"memory":536870912,"storage":10737418240,"hypervisor":"cloud-hypervisor","image":"cocoon.local/base:v1"}' ;;
-*"snapshot export"*) if [ -f $d/export.fail ]; then head -c 100 $d/export.tar; fi; fail export; cat $d/export.tar ;;
-*"snapshot rm"*) fail rm ;;
-*) echo "Error: unexpected command $*" >&2; exit 1 ;;
-esac
-`
-	if err := os.WriteFile(filepath.Join(fc.dir, "cocoon"), []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	return fc
-}
-
-func (fc *saveCocoon) failing(t *testing.T, command, message string) {
-	t.Helper()
-	if err := os.WriteFile(filepath.Join(fc.dir, command+".fail"), []byte(message), 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// calls returns the subcommands cocoon ran, "snapshot save" and the like, with their arguments.
-func (fc *saveCocoon) calls(t *testing.T) []string {
-	t.Helper()
-	data, err := os.ReadFile(filepath.Join(fc.dir, "argv.log"))
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		t.Fatal(err)
-	}
-	var out []string
-	for line := range strings.Lines(string(data)) {
-		if i := strings.Index(line, "snapshot "); i >= 0 {
-			out = append(out, strings.TrimSpace(line[i:]))
-		}
-	}
-	return out
-}
-
 // checkpointServer is a server over a fresh store with one ready pod "pod1" whose container "c1"
-// runs VM "vm1", driving the fake cocoon.
-func checkpointServer(t *testing.T, fc *saveCocoon) *Server {
+// runs VM "vm1" in the in-process cocoon, which saves and exports snapshots as cocoon does.
+func checkpointServer(t *testing.T) (*Server, *fakeCocoon) {
 	t.Helper()
-	dir := t.TempDir()
-	st := storetest.Open(t)
-	cc := cocoon.New(cocoon.Options{Binary: filepath.Join(fc.dir, "cocoon")})
-	images, err := imagestore.New(st, cc, slog.New(slog.DiscardHandler), imagestore.Dirs{Root: dir, Run: filepath.Join(dir, "run")}, imagestore.PullOptions{CredentialsDir: filepath.Join(dir, "pull-credentials")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	nets := tapmanager.NewManager(tapmanager.Config{StateDir: filepath.Join(dir, "network")})
-	s := New(Config{CheckpointJournal: filepath.Join(dir, "checkpoints")}, slog.New(slog.DiscardHandler), st, cc, nets, images)
+	n := newFakeNode(t, Config{CheckpointJournal: filepath.Join(t.TempDir(), "checkpoints")})
+	s := n.s
 	addSandbox(t, s, "pod1", store.SandboxReady)
+	n.cocoon.addVM(cocoon.VM{ID: "vm1", Hypervisor: cocoon.HypervisorCloudHypervisor, State: cocoon.VMStateRunning, PID: fakeDeadPIDs,
+		Config: cocoon.VMConfig{Name: "cri-c1", Config: cocoon.Config{CPU: 2, Memory: 512 << 20, Storage: 10 << 30, Image: "cocoon.local/base:v1"}}})
 	addContainer(t, s, &store.Container{ID: "c1", SandboxID: "pod1", State: store.ContainerRunning, ImageRef: "sha256:abc", VM: store.VM{ID: "vm1"}})
-	return s
+	return s, n.cocoon
 }
 
-func wantCode(t *testing.T, err error, code codes.Code) {
-	t.Helper()
-	if status.Code(err) != code {
-		t.Fatalf("error %v, want %s", err, code)
-	}
+// snapshotCalls are the snapshot commands the cocoon ran.
+func snapshotCalls(fc *fakeCocoon) []string {
+	return fc.calls("SnapshotSave", "SnapshotExport", "SnapshotRemove", "SnapshotImport")
 }
 
 func TestCheckpointContainerWritesOneArchive(t *testing.T) {
-	fc := newSaveCocoon(t)
-	s := checkpointServer(t, fc)
+	s, fc := checkpointServer(t)
 	location := filepath.Join(t.TempDir(), "c1.tar")
 	if _, err := s.CheckpointContainer(context.Background(), &runtimeapi.CheckpointContainerRequest{ContainerId: "c1", Location: location}); err != nil {
 		t.Fatal(err)
@@ -148,17 +66,20 @@ func TestCheckpointContainerWritesOneArchive(t *testing.T) {
 		md.Hypervisor != cocoon.HypervisorCloudHypervisor || md.BaseImage != "cocoon.local/base:v1" || md.CPU != 2 || md.MemoryBytes != 512<<20 {
 		t.Errorf("metadata %+v", md)
 	}
-	rest, _ := io.ReadAll(br)
-	if !bytes.Equal(rest, fc.export) {
-		t.Error("the archive does not hold cocoon's export byte for byte after the metadata")
-	}
-	calls := fc.calls(t)
-	if len(calls) != 4 || !strings.HasPrefix(calls[0], "snapshot save --name "+checkpointSnapshotPrefix+"c1-") || !strings.HasSuffix(calls[0], " vm1") {
+	calls := snapshotCalls(fc)
+	if len(calls) != 3 || !strings.HasPrefix(calls[0], "SnapshotSave vm1 "+checkpointSnapshotPrefix+"c1-") {
 		t.Fatalf("cocoon calls %q", calls)
 	}
-	name := strings.Fields(calls[0])[3]
-	if calls[2] != "snapshot export -o - "+name || calls[3] != "snapshot rm "+name {
+	name := strings.Fields(calls[0])[2]
+	if calls[1] != "SnapshotExport "+name || calls[2] != "SnapshotRemove "+name {
 		t.Errorf("cocoon calls %q: the snapshot saved must be exported and deleted", calls)
+	}
+	rest, _ := io.ReadAll(br)
+	if export := fc.exported(name); len(export) == 0 || !bytes.Equal(rest, export) {
+		t.Error("the archive does not hold cocoon's export byte for byte after the metadata")
+	}
+	if left := fc.snapshotNames(); len(left) != 0 {
+		t.Errorf("snapshots left in cocoon: %q", left)
 	}
 	c, _ := s.store.Containers.Get("c1")
 	if c.State != store.ContainerRunning {
@@ -175,8 +96,8 @@ func TestCheckpointContainerWritesOneArchive(t *testing.T) {
 // TestRestartRemovesWhatACheckpointLeft plays a crash in the middle of a checkpoint: its journal
 // note, its temporary archive and its snapshot are there at the next start, which removes them.
 func TestRestartRemovesWhatACheckpointLeft(t *testing.T) {
-	fc := newSaveCocoon(t)
-	s := checkpointServer(t, fc)
+	s, fc := checkpointServer(t)
+	fc.putSnapshot(cocoon.SnapshotConfig{Name: checkpointSnapshotPrefix + "c1-0000", Hypervisor: cocoon.HypervisorCloudHypervisor})
 	dir := t.TempDir()
 	partial := filepath.Join(dir, ".c1.tar."+checkpointSnapshotPrefix+"c1-0000.partial")
 	if _, err := s.noteCheckpoint(checkpointSnapshotPrefix+"c1-0000", partial); err != nil {
@@ -193,8 +114,11 @@ func TestRestartRemovesWhatACheckpointLeft(t *testing.T) {
 	if entries, _ := os.ReadDir(dir); len(entries) != 1 || entries[0].Name() != "other.tar" {
 		t.Errorf("after the restart the directory holds %v", entries)
 	}
-	if calls := fc.calls(t); len(calls) != 1 || calls[0] != "snapshot rm "+checkpointSnapshotPrefix+"c1-0000" {
+	if calls := snapshotCalls(fc); len(calls) != 1 || calls[0] != "SnapshotRemove "+checkpointSnapshotPrefix+"c1-0000" {
 		t.Errorf("cocoon calls %q, want the checkpoint's snapshot removed", calls)
+	}
+	if left := fc.snapshotNames(); len(left) != 0 {
+		t.Errorf("snapshots left in cocoon: %q", left)
 	}
 	if notes, _ := os.ReadDir(s.cfg.CheckpointJournal); len(notes) != 0 {
 		t.Errorf("journal notes left: %v", notes)
@@ -202,8 +126,7 @@ func TestRestartRemovesWhatACheckpointLeft(t *testing.T) {
 }
 
 func TestCheckpointContainerRefusals(t *testing.T) {
-	fc := newSaveCocoon(t)
-	s := checkpointServer(t, fc)
+	s, fc := checkpointServer(t)
 	addContainer(t, s, &store.Container{ID: "c2", SandboxID: "pod1", State: store.ContainerExited})
 	dir := t.TempDir()
 	existing := filepath.Join(dir, "existing.tar")
@@ -238,24 +161,23 @@ func TestCheckpointContainerRefusals(t *testing.T) {
 	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
 		t.Errorf("refusals left files: %v", entries)
 	}
-	if calls := fc.calls(t); len(calls) != 0 {
+	if calls := fc.calls(); len(calls) != 0 {
 		t.Errorf("refusals called cocoon: %q", calls)
 	}
 }
 
 func TestCheckpointContainerFailureLeavesNothing(t *testing.T) {
 	for _, tc := range []struct {
-		command, message string
-		kind             error
-		saved            bool
+		command, method, message string
+		kind                     error
+		saved                    bool
 	}{
-		{"export", "write archive: write /dev/stdout: no space left on device", cocoon.ErrNoSpace, true},
-		{"save", "snapshot VM vm1: save snapshot: no space left on device", cocoon.ErrNoSpace, false},
+		{"export", "SnapshotExport", "write archive: write /dev/stdout: no space left on device", cocoon.ErrNoSpace, true},
+		{"save", "SnapshotSave", "snapshot VM vm1: save snapshot: no space left on device", cocoon.ErrNoSpace, false},
 	} {
 		t.Run(tc.command, func(t *testing.T) {
-			fc := newSaveCocoon(t)
-			s := checkpointServer(t, fc)
-			fc.failing(t, tc.command, tc.message)
+			s, fc := checkpointServer(t)
+			fc.failOnce(tc.method, cocoonErr(tc.kind, tc.message, "snapshot", tc.command))
 			dir := t.TempDir()
 			_, err := s.CheckpointContainer(context.Background(), &runtimeapi.CheckpointContainerRequest{ContainerId: "c1", Location: filepath.Join(dir, "c1.tar")})
 			if !errors.Is(err, tc.kind) {
@@ -267,9 +189,12 @@ func TestCheckpointContainerFailureLeavesNothing(t *testing.T) {
 			if notes, _ := os.ReadDir(s.cfg.CheckpointJournal); len(notes) != 0 {
 				t.Errorf("a failed checkpoint left journal notes %v", notes)
 			}
-			calls := fc.calls(t)
-			if last := calls[len(calls)-1]; !strings.HasPrefix(last, "snapshot rm "+checkpointSnapshotPrefix) {
+			calls := snapshotCalls(fc)
+			if last := calls[len(calls)-1]; !strings.HasPrefix(last, "SnapshotRemove "+checkpointSnapshotPrefix) {
 				t.Errorf("cocoon calls %q: the snapshot must be deleted after a failure", calls)
+			}
+			if left := fc.snapshotNames(); len(left) != 0 {
+				t.Errorf("snapshots left in cocoon: %q", left)
 			}
 			if c, _ := s.store.Containers.Get("c1"); c.State != store.ContainerRunning {
 				t.Errorf("container is %s after a failed checkpoint", c.State)
@@ -279,47 +204,35 @@ func TestCheckpointContainerFailureLeavesNothing(t *testing.T) {
 }
 
 // TestCheckpointSaveOutlivesTheDeadline: the guest is paused inside cocoon's save, which resumes
-// it only at its end, so a deadline that passes during the save must not kill it.
+// it only at its end, so the caller's deadline passing during the save must not cut the save
+// short; the call fails after it, and leaves nothing.
 func TestCheckpointSaveOutlivesTheDeadline(t *testing.T) {
-	fc := newSaveCocoon(t)
-	s := checkpointServer(t, fc)
-	if err := os.WriteFile(filepath.Join(fc.dir, "save.hold"), nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	s, fc := checkpointServer(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	var saveCut error
+	fc.duringSave = func(saveCtx context.Context) {
+		cancel() // the caller gives up while the guest is paused
+		saveCut = saveCtx.Err()
+	}
 	dir := t.TempDir()
-	done := make(chan error, 1)
-	go func() {
-		_, err := s.CheckpointContainer(ctx, &runtimeapi.CheckpointContainerRequest{ContainerId: "c1", Location: filepath.Join(dir, "c1.tar")})
-		done <- err
-	}()
-	// Once the save runs, the caller gives up; then the save is let go on.
-	for !slices.ContainsFunc(fc.calls(t), func(c string) bool { return strings.HasPrefix(c, "snapshot save") }) {
-		select {
-		case err := <-done:
-			t.Fatalf("the checkpoint ended before its save: %v", err)
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-	cancel()
-	if err := os.WriteFile(filepath.Join(fc.dir, "save.go"), nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-done; !errors.Is(err, context.Canceled) {
+	_, err := s.CheckpointContainer(ctx, &runtimeapi.CheckpointContainerRequest{ContainerId: "c1", Location: filepath.Join(dir, "c1.tar")})
+	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("error %v, want the caller's cancellation", err)
 	}
-	if ended, _ := os.ReadFile(filepath.Join(fc.dir, "save.log")); string(ended) != "ended\n" {
-		t.Fatal("the save was killed at the caller's deadline: the guest would stay paused")
+	if saveCut != nil {
+		t.Fatalf("the save's context ended with the caller's (%v): cocoon would be killed with the guest paused", saveCut)
 	}
 	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
 		t.Errorf("a checkpoint past its deadline left %v", entries)
 	}
+	if len(fc.snapshots) != 0 {
+		t.Errorf("a checkpoint past its deadline left snapshots %v", fc.snapshots)
+	}
 }
 
 func TestCheckpointPod(t *testing.T) {
-	fc := newSaveCocoon(t)
-	s := checkpointServer(t, fc)
+	s, _ := checkpointServer(t)
 	ctx := context.Background()
 	out := t.TempDir()
 	if _, err := s.CheckpointPod(ctx, &runtimeapi.CheckpointPodRequest{PodSandboxId: "pod1", OutputPath: out, ContainerIds: []string{"c1"}}); err != nil {
@@ -336,8 +249,7 @@ func TestCheckpointPod(t *testing.T) {
 }
 
 func TestCheckpointPodRefusals(t *testing.T) {
-	fc := newSaveCocoon(t)
-	s := checkpointServer(t, fc)
+	s, fc := checkpointServer(t)
 	addContainer(t, s, &store.Container{ID: "done", SandboxID: "pod1", State: store.ContainerExited})
 	addSandbox(t, s, "pod2", store.SandboxReady)
 	addContainer(t, s, &store.Container{ID: "other", SandboxID: "pod2", State: store.ContainerRunning, VM: store.VM{ID: "vm2"}})
@@ -374,15 +286,14 @@ func TestCheckpointPodRefusals(t *testing.T) {
 	if entries, _ := os.ReadDir(empty); len(entries) != 0 {
 		t.Errorf("refusals wrote %v", entries)
 	}
-	if calls := fc.calls(t); len(calls) != 0 {
+	if calls := fc.calls(); len(calls) != 0 {
 		t.Errorf("refusals called cocoon: %q", calls)
 	}
 }
 
 func TestCheckpointPodFailureRemovesItsFiles(t *testing.T) {
-	fc := newSaveCocoon(t)
-	s := checkpointServer(t, fc)
-	fc.failing(t, "export", "write archive: broken pipe")
+	s, fc := checkpointServer(t)
+	fc.failOnce("SnapshotExport", cocoonErr(nil, "write archive: broken pipe", "snapshot", "export"))
 	out := t.TempDir()
 	if _, err := s.CheckpointPod(context.Background(), &runtimeapi.CheckpointPodRequest{PodSandboxId: "pod1", OutputPath: out, ContainerIds: []string{"c1"}}); err == nil {
 		t.Fatal("checkpoint succeeded with a failing export")
@@ -396,14 +307,13 @@ func TestCheckpointPodFailureRemovesItsFiles(t *testing.T) {
 }
 
 func TestRestorePodRefusesWhatItCannotRestore(t *testing.T) {
-	fc := newSaveCocoon(t)
-	s := checkpointServer(t, fc)
+	s, fc := checkpointServer(t)
 	ctx := context.Background()
 	good := t.TempDir()
 	if _, err := s.CheckpointPod(ctx, &runtimeapi.CheckpointPodRequest{PodSandboxId: "pod1", OutputPath: good, ContainerIds: []string{"c1"}}); err != nil {
 		t.Fatal(err)
 	}
-	before := fc.calls(t)
+	before := fc.calls()
 	junk := t.TempDir()
 	if err := os.WriteFile(filepath.Join(junk, podCheckpointFile), []byte("not json"), 0o600); err != nil {
 		t.Fatal(err)
@@ -453,10 +363,86 @@ func TestRestorePodRefusesWhatItCannotRestore(t *testing.T) {
 	if sandboxes := s.store.Sandboxes.List(nil); len(sandboxes) != 1 {
 		t.Errorf("refused restores left sandboxes: %d", len(sandboxes))
 	}
-	if after := fc.calls(t); len(after) != len(before) {
+	if after := fc.calls(); len(after) != len(before) {
 		t.Errorf("refused restores called cocoon: %q", after[len(before):])
 	}
 	if data, _ := os.ReadFile(filepath.Join(notArchive, "c1.tar")); string(data) != "junk" {
 		t.Error("the checkpoint data was modified")
+	}
+}
+
+// TestCheckpointAndRestoreAPod runs a pod, checkpoints it, restores the checkpoint as a new pod
+// and starts it, all on the in-process cocoon and network: the restored container clones the
+// snapshot its VM was saved to, under the new pod's own sandbox and address.
+func TestCheckpointAndRestoreAPod(t *testing.T) {
+	n := newFakeNode(t, Config{CheckpointJournal: filepath.Join(t.TempDir(), "checkpoints")})
+	ctx := context.Background()
+	sandboxID, containerID := n.runningPod("web")
+	saved := n.container(containerID)
+	out := t.TempDir()
+	if _, err := n.s.CheckpointPod(ctx, &runtimeapi.CheckpointPodRequest{PodSandboxId: sandboxID, OutputPath: out, ContainerIds: []string{containerID}}); err != nil {
+		t.Fatal(err)
+	}
+	if c := n.container(containerID); c.State != store.ContainerRunning {
+		t.Fatalf("container is %s after the checkpoint", c.State)
+	}
+	image, _ := n.s.images.Get(snapshotRef)
+	if snaps := n.cocoon.snapshotNames(); !slices.Equal(snaps, []string{image.LocalName}) {
+		t.Fatalf("snapshots after the checkpoint %q: the checkpoint's own must be gone", snaps)
+	}
+
+	restore := func(name string) (*runtimeapi.RestorePodResponse, error) {
+		return n.s.RestorePod(ctx, &runtimeapi.RestorePodRequest{
+			CheckpointPath: out, Config: podConfig(name), RuntimeHandler: HandlerName,
+			ContainerConfigs: []*runtimeapi.ContainerConfig{containerConfig("app", snapshotRef)},
+		})
+	}
+	resp, err := restore("web-restored")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.GetPodSandboxId() == sandboxID || len(resp.GetRestoredContainers()) != 1 || resp.GetRestoredContainers()[0].GetName() != "app" {
+		t.Fatalf("RestorePod answered %v", resp)
+	}
+	restoredID := resp.GetRestoredContainers()[0].GetContainerId()
+	sb := n.sandbox(resp.GetPodSandboxId())
+	if sb.State != store.SandboxReady || sb.Network.IPs[0] == n.sandbox(sandboxID).Network.IPs[0] {
+		t.Errorf("restored sandbox %+v, network %+v: it needs its own address", sb, sb.Network)
+	}
+	c := n.container(restoredID)
+	img, err := n.s.images.Get(c.ImageRef)
+	if c.State != store.ContainerCreated || !strings.HasPrefix(c.ImageRef, checkpointRepository+":sha256-") || err != nil ||
+		img.Kind != store.ImageSnapshot || img.Snapshot.CPU != saved.VM.CPU || img.Snapshot.Memory != saved.VM.Memory || c.VM.Source != img.LocalName {
+		t.Fatalf("restored container %+v, image %+v, %v", c, img, err)
+	}
+	n.startContainer(restoredID)
+	c = n.container(restoredID)
+	vm, ok := n.cocoon.vm(c.VM.ID)
+	if c.State != store.ContainerRunning || !ok || vm.Config.Image != "cocoon.local/base:v1" || n.cocoon.vmConfDir(vm.ID) != n.net.CocoonConfDir(sb.ID) {
+		t.Fatalf("restored container %+v, VM %+v", c, vm)
+	}
+	wantCalls(t, "clone", n.cocoon.calls("VMClone")[1:], "VMClone "+c.VM.Name+" "+img.LocalName)
+
+	// The same checkpoint again: its archive is imported once.
+	if _, err := restore("web-restored-again"); err != nil {
+		t.Fatal(err)
+	}
+	if calls := n.cocoon.calls("SnapshotImport"); len(calls) != 2 /* the app image, the checkpoint */ {
+		t.Errorf("imports %q", calls)
+	}
+
+	// A restore that fails once its sandbox exists leaves no sandbox.
+	settle(n.s)
+	before := len(n.st.Sandboxes.List(nil))
+	held := n.net.held()
+	n.cocoon.failOnce("Capabilities", cocoonErr(nil, "cocoon is being upgraded", "version"))
+	if _, err := restore("web-restored-failed"); err == nil {
+		t.Fatal("the restore succeeded")
+	}
+	if after := len(n.st.Sandboxes.List(nil)); after != before {
+		t.Errorf("%d sandboxes after a failed restore, %d before", after, before)
+	}
+	if after := n.net.held(); !slices.Equal(after, held) {
+		t.Errorf("a failed restore left %q on the network (before: %q)", after, held)
 	}
 }

@@ -110,7 +110,7 @@ func (s *Server) launchVM(ctx context.Context, sb *store.Sandbox, c *store.Conta
 
 // makeVM makes the VM on the sandbox's network: one NIC on tapmanager.CocoonNetwork, whose attach
 // plugin hands the pod interface to cocoon.
-func (s *Server) makeVM(ctx context.Context, cc *cocoon.Client, c *store.Container) (*cocoon.VM, error) {
+func (s *Server) makeVM(ctx context.Context, cc Cocoon, c *store.Container) (*cocoon.VM, error) {
 	spec := c.VM
 	if spec.Mode == store.VMClone {
 		opts := cocoon.CloneOptions{

@@ -9,7 +9,6 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 
-	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/pkg/faultpoint"
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
 	"github.com/cocoonstack/cocoon-cri/tapmanager"
@@ -92,7 +91,7 @@ func podForCNI(sb *store.Sandbox) tapmanager.Pod {
 // cocoonFor is the cocoon client for a sandbox's VMs: every call on them (create, clone, start, rm)
 // must see the sandbox's network configuration, which names the attach plugin. Guest DNS servers
 // follow the pod's DNS config.
-func (s *Server) cocoonFor(sb *store.Sandbox) *cocoon.Client {
+func (s *Server) cocoonFor(sb *store.Sandbox) Cocoon {
 	return s.cocoon.WithNetwork(s.net.CocoonConfDir(sb.ID), s.net.PluginDir(), sb.Config.Msg.GetDnsConfig().GetServers())
 }
 

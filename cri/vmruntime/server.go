@@ -26,7 +26,6 @@ import (
 	"github.com/cocoonstack/cocoon-cri/pkg/vfio"
 	"github.com/cocoonstack/cocoon-cri/pkg/vmstats"
 	"github.com/cocoonstack/cocoon-cri/streaming"
-	"github.com/cocoonstack/cocoon-cri/tapmanager"
 )
 
 // Names the runtime reports about itself.
@@ -119,8 +118,8 @@ type Server struct {
 	cfg      Config
 	log      *slog.Logger
 	store    *store.Store
-	cocoon   *cocoon.Client
-	net      *tapmanager.Manager
+	cocoon   Cocoon
+	net      PodNetwork
 	images   *imagestore.Service
 	locks    keylock.Map
 	health   *refresh.Value[*cocoon.VersionInfo]
@@ -140,8 +139,9 @@ type Server struct {
 	nowFunc func() time.Time
 }
 
-// New returns a server over the given components.
-func New(cfg Config, log *slog.Logger, st *store.Store, cc *cocoon.Client, nets *tapmanager.Manager, images *imagestore.Service) *Server {
+// New returns a server over the given components: the daemon's are CocoonClient(a *cocoon.Client)
+// and a *tapmanager.Manager (deps.go).
+func New(cfg Config, log *slog.Logger, st *store.Store, cc Cocoon, nets PodNetwork, images *imagestore.Service) *Server {
 	if cfg.HostCPUs <= 0 {
 		cfg.HostCPUs = runtime.NumCPU()
 	}

@@ -31,7 +31,7 @@ func statsServer(t testing.TB) (*Server, string) {
 		t.Fatal(err)
 	}
 	nets := tapmanager.NewManager(tapmanager.Config{StateDir: filepath.Join(dir, "network")})
-	return New(Config{}, slog.New(slog.DiscardHandler), st, cc, nets, images), runDir
+	return New(Config{}, slog.New(slog.DiscardHandler), st, CocoonClient(cc), nets, images), runDir
 }
 
 // hypervisorStandIn is a live process to read, as a hypervisor would be read.

@@ -77,6 +77,6 @@ func handlerFeatures() *runtimeapi.RuntimeHandlerFeatures {
 const probeTimeout = 5 * time.Second
 
 // newCocoonHealth answers "does cocoon run?" from a cocoon version call at most interval old.
-func newCocoonHealth(c *cocoon.Client, interval time.Duration) *refresh.Value[*cocoon.VersionInfo] {
+func newCocoonHealth(c Cocoon, interval time.Duration) *refresh.Value[*cocoon.VersionInfo] {
 	return refresh.New(interval, probeTimeout, c.Version)
 }

@@ -14,7 +14,7 @@ import (
 )
 
 func testServer() *Server {
-	return New(Config{HostCPUs: 4, DefaultVCPUs: 1, DefaultMemory: 1 << 30, DefaultStorage: 10 << 30}, nil, nil, cocoon.New(cocoon.Options{}), nil, nil)
+	return New(Config{HostCPUs: 4, DefaultVCPUs: 1, DefaultMemory: 1 << 30, DefaultStorage: 10 << 30}, nil, nil, CocoonClient(cocoon.New(cocoon.Options{})), nil, nil)
 }
 
 func podSandbox(annotations map[string]string) *store.Sandbox {

@@ -1,0 +1,278 @@
+package vmruntime
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/containernetworking/cni/libcni"
+	current "github.com/containernetworking/cni/pkg/types/100"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/vmstats"
+	"github.com/cocoonstack/cocoon-cri/tapmanager"
+)
+
+// fakeNetwork is the pod network in memory, behind the PodNetwork seam: namespaces are paths in a
+// set, a CNI ADD leases the next address of 10.88.0.0/16 to the sandbox until its DEL, and
+// cocoon's per-sandbox configuration is the result it was handed. Like tapmanager, removals and
+// DEL are safe to repeat, and ADD needs the namespace. Every call that can fail is recorded and
+// can be made to fail (faults).
+type fakeNetwork struct {
+	faults
+
+	mu       sync.Mutex
+	networks []*libcni.NetworkConfigList // the first is the node's default
+	readyErr error
+	netns    map[string]bool            // pinned namespaces, by path
+	leases   map[string]string          // CNI ADD done and not yet deleted: sandbox ID -> IP
+	cocoon   map[string]json.RawMessage // cocoon's configuration, by sandbox ID: the pod's CNI result
+	serial   int
+}
+
+// fakeNetDir stands for the directories the fake's paths are under.
+const fakeNetDir = "/fake-net"
+
+func newFakeNetwork(names ...string) *fakeNetwork {
+	n := &fakeNetwork{
+		netns: map[string]bool{}, leases: map[string]string{}, cocoon: map[string]json.RawMessage{},
+	}
+	if len(names) == 0 {
+		names = []string{"podnet"}
+	}
+	for _, name := range names {
+		list, err := libcni.ConfListFromBytes(fmt.Appendf(nil, `{"cniVersion":"1.0.0","name":%q,"plugins":[{"type":"bridge"}]}`, name))
+		if err != nil {
+			panic(err)
+		}
+		n.networks = append(n.networks, list)
+	}
+	return n
+}
+
+var _ PodNetwork = (*fakeNetwork)(nil)
+
+// --- test controls and views ---
+
+// held lists what the network holds for pods, sorted: "netns PATH", "lease SANDBOX IP",
+// "cocoon SANDBOX". Empty when every pod is gone without a leak.
+func (n *fakeNetwork) held() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var out []string
+	for path := range n.netns {
+		out = append(out, "netns "+path)
+	}
+	for id, ip := range n.leases {
+		out = append(out, "lease "+id+" "+ip)
+	}
+	for id := range n.cocoon {
+		out = append(out, "cocoon "+id)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// addForeign leaves the network pieces of a sandbox that no record names (a state database
+// restored from a backup): its namespace, its lease and cocoon's configuration.
+func (n *fakeNetwork) addForeign(sandboxID string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.netns[n.netNSPath(sandboxID)] = true
+	n.leases[sandboxID] = "10.88.255.254"
+	n.cocoon[sandboxID] = json.RawMessage(`{"cniVersion":"1.0.0"}`)
+}
+
+// --- the seam ---
+
+func (n *fakeNetwork) netNSPath(sandboxID string) string {
+	return fakeNetDir + "/netns/cocoon-cri-" + sandboxID
+}
+
+func (n *fakeNetwork) NetNSPath(sandboxID string) string { return n.netNSPath(sandboxID) }
+
+func (n *fakeNetwork) CreateNetNS(path string) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := n.call("CreateNetNS", path); err != nil {
+		return err
+	}
+	if n.netns[path] {
+		return fmt.Errorf("pin network namespace %s: file exists", path)
+	}
+	n.netns[path] = true
+	return nil
+}
+
+func (n *fakeNetwork) RemoveNetNS(path string) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := n.call("RemoveNetNS", path); err != nil {
+		return err
+	}
+	delete(n.netns, path)
+	return nil
+}
+
+func (n *fakeNetwork) Load(name string) (*libcni.NetworkConfigList, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := n.call("Load", name); err != nil {
+		return nil, err
+	}
+	if len(n.networks) == 0 {
+		return nil, fmt.Errorf("no loadable CNI configuration in %s/net.d: %w", fakeNetDir, tapmanager.ErrNoNetwork)
+	}
+	if name == "" {
+		return n.networks[0], nil
+	}
+	var found []string
+	for _, list := range n.networks {
+		if list.Name == name {
+			return list, nil
+		}
+		found = append(found, list.Name)
+	}
+	return nil, &tapmanager.UnknownNetworkError{Name: name, Dir: fakeNetDir + "/net.d", Found: found}
+}
+
+func (n *fakeNetwork) Ready(context.Context) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := n.call("Ready"); err != nil {
+		return err
+	}
+	return n.readyErr
+}
+
+// Add leases the sandbox an address and reports the pod interface in its namespace.
+func (n *fakeNetwork) Add(_ context.Context, list *libcni.NetworkConfigList, pod tapmanager.Pod) (*current.Result, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := n.call("Add", pod.SandboxID, list.Name); err != nil {
+		return nil, err
+	}
+	if !n.netns[pod.NetNS] {
+		return nil, fmt.Errorf("CNI ADD to network %q: no network namespace %s", list.Name, pod.NetNS)
+	}
+	if _, ok := n.leases[pod.SandboxID]; ok {
+		return nil, fmt.Errorf("CNI ADD to network %q: sandbox %s is attached already", list.Name, pod.SandboxID)
+	}
+	n.serial++
+	ip := net.IPv4(10, 88, byte(n.serial>>8), byte(n.serial))
+	n.leases[pod.SandboxID] = ip.String()
+	podIf := 1
+	return &current.Result{
+		CNIVersion: "1.0.0",
+		Interfaces: []*current.Interface{
+			{Name: "veth" + pod.SandboxID[:min(8, len(pod.SandboxID))], Mac: "0a:58:0a:58:00:01"},
+			{Name: tapmanager.PodIfName, Mac: fmt.Sprintf("0a:58:0a:58:%02x:%02x", byte(n.serial>>8), byte(n.serial)), Sandbox: pod.NetNS},
+		},
+		IPs: []*current.IPConfig{{
+			Interface: &podIf,
+			Address:   net.IPNet{IP: ip, Mask: net.CIDRMask(16, 32)},
+			Gateway:   net.IPv4(10, 88, 0, 1),
+		}},
+	}, nil
+}
+
+// Del releases the sandbox's lease, whether or not it holds one.
+func (n *fakeNetwork) Del(_ context.Context, confList []byte, pod tapmanager.Pod) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := n.call("Del", pod.SandboxID); err != nil {
+		return err
+	}
+	if _, err := libcni.ConfListFromBytes(confList); err != nil {
+		return fmt.Errorf("read the recorded CNI configuration: %w", err)
+	}
+	delete(n.leases, pod.SandboxID)
+	return nil
+}
+
+func (n *fakeNetwork) CocoonConfDir(sandboxID string) string {
+	return fakeNetDir + "/pods/" + sandboxID + "/net.d"
+}
+
+func (n *fakeNetwork) PluginDir() string { return fakeNetDir + "/bin" }
+
+func (n *fakeNetwork) PrepareCocoon(sandboxID, _ string, result json.RawMessage) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := n.call("PrepareCocoon", sandboxID); err != nil {
+		return err
+	}
+	if _, err := tapmanager.DecodeResult(result); err != nil {
+		return fmt.Errorf("the pod's CNI result: %w", err)
+	}
+	n.cocoon[sandboxID] = result
+	return nil
+}
+
+func (n *fakeNetwork) RemoveCocoon(sandboxID string) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := n.call("RemoveCocoon", sandboxID); err != nil {
+		return err
+	}
+	delete(n.cocoon, sandboxID)
+	return nil
+}
+
+// ReclaimFromVM checks the result it is handed; the pod interface has no place to be in memory.
+func (n *fakeNetwork) ReclaimFromVM(sandboxID, _, vmNetNS string, result json.RawMessage) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := n.call("ReclaimFromVM", sandboxID, vmNetNS); err != nil {
+		return err
+	}
+	if _, err := tapmanager.DecodeResult(result); err != nil {
+		return fmt.Errorf("read the pod's CNI result: %w", err)
+	}
+	return nil
+}
+
+func (n *fakeNetwork) PodInterfaceCounters(podNetNS string) (vmstats.Interface, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := n.call("PodInterfaceCounters", podNetNS); err != nil {
+		return vmstats.Interface{}, err
+	}
+	return vmstats.Interface{Name: tapmanager.PodIfName}, nil
+}
+
+// RemoveLeftovers removes the pieces of every sandbox not in known: namespaces, leases and
+// cocoon's configuration.
+func (n *fakeNetwork) RemoveLeftovers(_ context.Context, known map[string]bool) ([]string, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := n.call("RemoveLeftovers", strings.Join(slices.Sorted(maps.Keys(known)), ",")); err != nil {
+		return nil, err
+	}
+	var removed []string
+	for path := range n.netns {
+		id := strings.TrimPrefix(path, fakeNetDir+"/netns/cocoon-cri-")
+		if !known[id] {
+			delete(n.netns, path)
+			removed = append(removed, "netns "+path)
+		}
+	}
+	for id := range n.leases {
+		if !known[id] {
+			delete(n.leases, id)
+			removed = append(removed, "lease of "+id)
+		}
+	}
+	for id := range n.cocoon {
+		if !known[id] {
+			delete(n.cocoon, id)
+			removed = append(removed, "cocoon configuration of "+id)
+		}
+	}
+	slices.Sort(removed)
+	return removed, nil
+}
