@@ -3,15 +3,17 @@ package cocoonsim
 import (
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/internal/nocloud"
+	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/internal/release"
 )
 
 // Disk serials and file names cocoon uses.
@@ -103,19 +105,46 @@ func readQcow2VirtualSize(path string) (int64, error) {
 	return int64(binary.BigEndian.Uint64(hdr[24:32])), nil //nolint:gosec // qcow2 sizes fit int64
 }
 
-// writeCidata writes the per-VM cloud-init seed. cocoon builds a FAT12 NoCloud image; the
-// simulated guest does not read it, so the simulator writes the same information as JSON.
-func writeCidata(path, vmID string, spec *vmSpec, dns []string, nets []*cocoon.NetworkConfig) error {
-	data, err := json.MarshalIndent(map[string]any{
-		"instance-id": vmID, "hostname": spec.Name, "username": spec.User, "dns": dns, "networks": nets,
-	}, "", "  ")
+// writeCidata writes the per-VM cloud-init seed as cocoon's generateCidata does: a FAT12 NoCloud
+// image (package nocloud) naming the VM's ID and name, the user and password of vm create, the
+// VM's NICs and DNS servers, and the data disks cloud-init mounts. The content is the release's
+// the simulator plays.
+func writeCidata(path, vmID string, spec *vmSpec, dns []string, nets []*cocoon.NetworkConfig, storage []*cocoon.StorageConfig) error {
+	prof, err := release.Current()
 	if err != nil {
-		return fmt.Errorf("generate cidata: %w", err)
+		return err
 	}
-	if err := os.WriteFile(path, data, 0o600); err != nil {
+	rev := nocloud.V038
+	if prof.CidataV05 {
+		rev = nocloud.V05
+	}
+	cfg := &nocloud.Config{InstanceID: vmID, Hostname: spec.Name, Username: spec.User, Password: spec.Password, DNS: dns}
+	for _, n := range nets {
+		if n == nil || n.Mac == "" {
+			continue
+		}
+		nic := nocloud.NIC{MAC: n.Mac}
+		if n.Network != nil {
+			nic.IP, nic.Prefix, nic.Gateway = n.Network.IP, n.Network.Prefix, n.Network.Gateway
+		}
+		cfg.Networks = append(cfg.Networks, nic)
+	}
+	// cocoon's buildMountSpecs: data disks with a mount point and a file system to mount.
+	for _, sc := range storage {
+		if sc.Role != cocoon.StorageRoleData || sc.MountPoint == "" || sc.FSType == "" || sc.FSType == fsTypeNone {
+			continue
+		}
+		cfg.Mounts = append(cfg.Mounts, nocloud.Mount{Device: "/dev/disk/by-id/virtio-" + sc.Serial, MountPoint: sc.MountPoint, FSType: sc.FSType, Options: "defaults,nofail"})
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600) //nolint:gosec // VM run dir
+	if err != nil {
 		return fmt.Errorf("create cidata: %w", err)
 	}
-	return nil
+	if err := nocloud.Write(f, cfg, rev, time.Now()); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("generate cidata: %w", err)
+	}
+	return f.Close()
 }
 
 // validateStorageConfigs is cocoon's ValidateStorageConfigs: role/read-only invariants and data

@@ -428,7 +428,7 @@ func (b *backend) ensureCloneCidata(vmID, runDir string, spec *vmSpec, nets []*c
 		return nil, fmt.Errorf("generate cidata: parse DNS servers: %w", err)
 	}
 	cidata := filepath.Join(runDir, cidataFile)
-	if err := writeCidata(cidata, vmID, spec, dns, nets); err != nil {
+	if err := writeCidata(cidata, vmID, spec, dns, nets, storage); err != nil {
 		return nil, fmt.Errorf("generate cidata: %w", err)
 	}
 	if !slices.ContainsFunc(storage, func(sc *cocoon.StorageConfig) bool { return sc.Role == cocoon.StorageRoleCidata }) {

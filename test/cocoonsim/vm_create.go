@@ -244,7 +244,7 @@ func (b *backend) prepareCloudimg(ctx context.Context, id, runDir string, spec *
 		return nil, fmt.Errorf("parse DNS servers: %w", err)
 	}
 	cidata := filepath.Join(runDir, cidataFile)
-	if err := writeCidata(cidata, id, spec, dns, nets); err != nil {
+	if err := writeCidata(cidata, id, spec, dns, nets, storage); err != nil {
 		return nil, err
 	}
 	return append(storage, &cocoon.StorageConfig{Path: cidata, RO: true, Role: cocoon.StorageRoleCidata}), nil

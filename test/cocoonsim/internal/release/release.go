@@ -38,6 +38,10 @@ type Profile struct {
 	// VhostUserFs: vm create/run take --shared-memory (guest RAM shared=on, kept in the record and
 	// its snapshots) and the CLI has vm fs attach|detach for vhost-user-fs shares (v0.5).
 	VhostUserFs bool
+	// CidataV05: a cloud image's cloud-init seed has the v0.5 sources' content (network-config
+	// ends with a catch-all DHCP entry, RequiredForOnline sits under [Link], chpasswd sets root's
+	// password only); v0.3.8's otherwise (package nocloud).
+	CidataV05 bool
 	// LockRetry is how often a command retries a database flock another holds
 	// (lock/flock/flock.go): 100 ms in v0.3.8 and until April 2026, 2 ms in the v0.5 sources.
 	LockRetry time.Duration
@@ -45,7 +49,7 @@ type Profile struct {
 
 var profiles = map[string]Profile{
 	"0.3.8": {Version: "v0.3.8", CloneResizes: true, LockRetry: 100 * time.Millisecond},
-	"0.5.1": {Version: "v0.5.1", RestoreMode: true, Agent: true, ListJSONReconciled: true, StatusOnce: true, VhostUserFs: true, LockRetry: 2 * time.Millisecond},
+	"0.5.1": {Version: "v0.5.1", RestoreMode: true, Agent: true, ListJSONReconciled: true, StatusOnce: true, VhostUserFs: true, CidataV05: true, LockRetry: 2 * time.Millisecond},
 }
 
 // Current is the profile Env names.
