@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
+	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/internal/nocloud"
 )
 
 // SeedOCIImage stores an OCI image under rootDir exactly as `cocoon image import NAME layer.tar`
@@ -28,6 +29,21 @@ func SeedOCIImage(ctx context.Context, rootDir, name string, layer io.Reader) (s
 		return "", fmt.Errorf("seed image %s: %w", name, err)
 	}
 	return digest, nil
+}
+
+// CidataFiles reads a cloud image VM's cloud-init seed (the path of its storage config with role
+// cidata) as its guest does, and returns the NoCloud files on it by name: meta-data, user-data
+// and, when the VM has NICs, network-config. Anything but the FAT12 seed cocoon writes is an error.
+func CidataFiles(path string) (map[string][]byte, error) {
+	seed, err := nocloud.Read(path)
+	if err != nil {
+		return nil, err
+	}
+	files := map[string][]byte{nocloud.MetaDataFile: seed.MetaData, nocloud.UserDataFile: seed.UserData}
+	if seed.NetworkConfig != nil {
+		files[nocloud.NetworkConfigFile] = seed.NetworkConfig
+	}
+	return files, nil
 }
 
 // GuestOSPID returns the PID of the guest OS process of a running simulated VM, given the

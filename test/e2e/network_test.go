@@ -15,6 +15,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/pkg/faultpoint"
@@ -138,25 +139,37 @@ func TestPodIPReachesTheGuest(t *testing.T) {
 	}
 }
 
-// guestDNS reads the DNS servers from a cloud-image VM's cloud-init data, as the simulator writes
-// it (JSON in place of cocoon's FAT image).
+// guestDNS reads the DNS servers cocoon gave a cloud-image VM's NIC in its cloud-init seed: the
+// nameservers of the network-config entry that matches the NIC's MAC.
 func guestDNS(t *testing.T, vm *cocoon.VM) []string {
 	t.Helper()
 	for _, sc := range vm.StorageConfigs {
 		if sc.Role != cocoon.StorageRoleCidata {
 			continue
 		}
-		data, err := os.ReadFile(sc.Path)
+		files, err := cocoonsim.CidataFiles(sc.Path)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var seed struct {
-			DNS []string `json:"dns"`
+		var cfg struct {
+			Ethernets map[string]struct {
+				Match struct {
+					MACAddress string `json:"macaddress"`
+				} `json:"match"`
+				Nameservers struct {
+					Addresses []string `json:"addresses"`
+				} `json:"nameservers"`
+			} `json:"ethernets"`
 		}
-		if err := json.Unmarshal(data, &seed); err != nil {
-			t.Fatalf("cidata %s: %v", sc.Path, err)
+		if err := yaml.Unmarshal(files["network-config"], &cfg); err != nil {
+			t.Fatalf("cidata %s: network-config: %v", sc.Path, err)
 		}
-		return seed.DNS
+		for _, e := range cfg.Ethernets {
+			if strings.EqualFold(e.Match.MACAddress, vm.NetworkConfigs[0].Mac) {
+				return e.Nameservers.Addresses
+			}
+		}
+		t.Fatalf("cidata %s: no network-config entry for %s:\n%s", sc.Path, vm.NetworkConfigs[0].Mac, files["network-config"])
 	}
 	t.Fatalf("VM %s has no cloud-init data", vm.ID)
 	return nil
