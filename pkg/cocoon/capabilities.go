@@ -42,6 +42,10 @@ type Capabilities struct {
 	// FsAttach: vm create/run take --shared-memory and vm fs attach hot-adds a vhost-user-fs share
 	// (a virtiofsd socket) to a running VM created with it (v0.5).
 	FsAttach bool
+	// Hibernate: vm hibernate saves a running VM into a snapshot of its own and ends its
+	// hypervisor in one pause, and vm restore resumes it from that snapshot with the same identity
+	// and network (v0.5).
+	Hibernate bool
 }
 
 // Capabilities probes the binary once and caches the answer, shared by every client of that
@@ -250,6 +254,17 @@ func probeHelp(ctx context.Context, c *Client, version string) (Capabilities, er
 			return Capabilities{}, err
 		}
 		caps.FsAttach = hasFlag(create, "shared-memory")
+	}
+	hibernate, err := help("vm", "hibernate")
+	if err != nil {
+		return Capabilities{}, err
+	}
+	if strings.Contains(hibernate, "cocoon vm hibernate") && hasFlag(hibernate, "name") {
+		restore, err := help("vm", "restore")
+		if err != nil {
+			return Capabilities{}, err
+		}
+		caps.Hibernate = strings.Contains(restore, "cocoon vm restore")
 	}
 	return caps, nil
 }

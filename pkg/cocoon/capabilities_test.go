@@ -43,6 +43,8 @@ const (
 	createHelpV05 = "Create a VM from an image\n\nUsage:\n  cocoon vm create [flags] IMAGE\n\nFlags:\n" +
 		"      --fc                 use Firecracker backend\n      --name string        VM name\n" +
 		"      --shared-memory      enable CH memory shared=on; required to attach vhost-user-fs later\n"
+	hibernateHelp = "Snapshot a running VM and stop it atomically\n\nUsage:\n  cocoon vm hibernate [flags] VM\n\nFlags:\n      --description string   snapshot description\n  -h, --help                 help for hibernate\n      --name string          snapshot name\n"
+	restoreHelp   = "Restore a VM from a snapshot\n\nUsage:\n  cocoon vm restore [flags] VM [SNAPSHOT]\n\nFlags:\n      --force                 accept a foreign snapshot directory\n      --from-dir string       restore from a snapshot directory\n  -h, --help                  help for restore\n      --restore-mode string   memory restore mode: copy, ondemand or mmap (default \"copy\")\n"
 	reseedHelp = "Force a CRNG reseed inside the guest\n\nUsage:\n  cocoon vm reseed VM [flags]\n\nFlags:\n  -h, --help         help for reseed\n      --machine-id   also regenerate /etc/machine-id\n"
 )
 
@@ -61,6 +63,7 @@ func v038Probe() []response {
 		{match: "vm disk attach --help", stdout: vmHelp},
 		{match: "vm device attach --help", stdout: vmHelp},
 		{match: "vm fs attach --help", stdout: vmHelp},
+		{match: "vm hibernate --help", stdout: vmHelp},
 	}
 }
 
@@ -74,6 +77,8 @@ func v05Probe() []response {
 		{match: "vm device attach --help", stdout: deviceAttachHelp},
 		{match: "vm fs attach --help", stdout: fsAttachHelp},
 		{match: "vm create --help", stdout: createHelpV05},
+		{match: "vm hibernate --help", stdout: hibernateHelp},
+		{match: "vm restore --help", stdout: restoreHelp},
 	}
 }
 
@@ -85,14 +90,14 @@ func TestCapabilitiesReadTheBinarysHelp(t *testing.T) {
 		t.Fatalf("v0.3.8: %+v %v, want %+v", caps, err, want)
 	}
 	current, dir := fakeCocoon(t, v05Probe()...)
-	want = Capabilities{Version: "v0.5.1", Exec: true, CloneRestoreMode: true, ReseedMachineID: true, DiskAttach: true, DeviceAttach: true, FsAttach: true}
+	want = Capabilities{Version: "v0.5.1", Exec: true, CloneRestoreMode: true, ReseedMachineID: true, DiskAttach: true, DeviceAttach: true, FsAttach: true, Hibernate: true}
 	for range 3 {
 		if caps, err = current.Capabilities(context.Background()); err != nil || caps != want {
 			t.Fatalf("v0.5: %+v %v, want %+v", caps, err, want)
 		}
 	}
-	if n := len(calls(t, dir)); n != 8 {
-		t.Fatalf("%d calls for three probes, want one probe of eight calls per binary", n)
+	if n := len(calls(t, dir)); n != 10 {
+		t.Fatalf("%d calls for three probes, want one probe of ten calls per binary", n)
 	}
 }
 
@@ -177,7 +182,7 @@ func TestCapabilitiesWaitNoLongerThanTheCallersContext(t *testing.T) {
 func TestCapabilitiesAreKeptAcrossRestarts(t *testing.T) {
 	c, dir := fakeCocoon(t, v05Probe()...)
 	c.opts.CapabilitiesFile = filepath.Join(t.TempDir(), "state", "cocoon-capabilities.json")
-	v05 := Capabilities{Version: "v0.5.1", Exec: true, CloneRestoreMode: true, ReseedMachineID: true, DiskAttach: true, DeviceAttach: true, FsAttach: true}
+	v05 := Capabilities{Version: "v0.5.1", Exec: true, CloneRestoreMode: true, ReseedMachineID: true, DiskAttach: true, DeviceAttach: true, FsAttach: true, Hibernate: true}
 	calledBefore := 0
 	restart := func(what string, want Capabilities, wantCalls int) {
 		t.Helper()
@@ -191,7 +196,7 @@ func TestCapabilitiesAreKeptAcrossRestarts(t *testing.T) {
 		}
 		calledBefore = len(all)
 	}
-	restart("first start", v05, 8)
+	restart("first start", v05, 10)
 	restart("restart", v05, 1)
 
 	// Replaced as a package manager does: a new file renamed over the old one.
@@ -206,7 +211,7 @@ func TestCapabilitiesAreKeptAcrossRestarts(t *testing.T) {
 	if err := os.Rename(bin+".new", bin); err != nil {
 		t.Fatal(err)
 	}
-	restart("replaced binary", v05, 8)
+	restart("replaced binary", v05, 10)
 	restart("restart after the replacement", v05, 1)
 
 	// The binary stays, the version it reports changes (a wrapper's target was upgraded).
@@ -215,11 +220,11 @@ func TestCapabilitiesAreKeptAcrossRestarts(t *testing.T) {
 	}
 	v052 := v05
 	v052.Version = "v0.5.2"
-	restart("another version", v052, 8)
+	restart("another version", v052, 10)
 
 	if err := os.WriteFile(c.opts.CapabilitiesFile, []byte(`{"key": 7`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	restart("damaged file", v052, 8)
+	restart("damaged file", v052, 10)
 	restart("restart after the damaged file", v052, 1)
 }

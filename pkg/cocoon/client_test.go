@@ -533,3 +533,29 @@ func TestStdinGoesInLargeWrites(t *testing.T) {
 		t.Fatalf("the pipe holds %d bytes, want at least %d", size, stdinPipeSize)
 	}
 }
+
+// A hibernation names its snapshot before the VM; the restore takes the VM, then the snapshot. A
+// hibernation cocoon refuses (a share attached) is ErrInUse.
+func TestHibernateAndRestoreArgs(t *testing.T) {
+	c, dir := fakeCocoon(t,
+		response{match: "vm hibernate --name busy", stderr: `Error: snapshot VM vm2: hot-attached vhost-user-fs "data": detach before snapshot or hibernate` + "\n", code: 1},
+		response{match: "vm hibernate"},
+		response{match: "vm restore"},
+	)
+	if err := c.VMHibernate(context.Background(), "vm1", "nap"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.VMRestore(context.Background(), "vm1", "nap"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.VMHibernate(context.Background(), "vm2", "busy"); !errors.Is(err, ErrInUse) {
+		t.Fatalf("a refused hibernation: %v, want ErrInUse", err)
+	}
+	got := calls(t, dir)
+	want := []string{"vm hibernate --name nap vm1", "vm restore vm1 nap", "vm hibernate --name busy vm2"}
+	for i, w := range want {
+		if i >= len(got) || !strings.HasSuffix(got[i], " "+w) {
+			t.Fatalf("argv %q\nwant suffixes %q", got, want)
+		}
+	}
+}

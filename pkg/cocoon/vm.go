@@ -217,3 +217,20 @@ func (c *Client) VMInspect(ctx context.Context, ref string) (*VM, error) {
 func (c *Client) VMList(ctx context.Context) ([]VM, error) {
 	return queryList[VM](ctx, c, "vm", "list")
 }
+
+// VMHibernate saves a running VM into the snapshot name (memory and disk, owned by the VM) and
+// ends its hypervisor, in one pause: the VM is then stopped and its memory released. A save that
+// fails (a full disk) leaves the VM running and the call failed; cocoon refuses a VM with
+// hot-attached disks or shares (ErrInUse), and a backend without hibernation.
+func (c *Client) VMHibernate(ctx context.Context, vm, name string) error {
+	_, err := c.run(ctx, call{args: []string{"vm", "hibernate", "--name", name, vm}, timeout: transferTimeout, long: true})
+	return err
+}
+
+// VMRestore resumes a VM from one of its own snapshots in a new hypervisor process: the same VM ID,
+// network namespace, MAC and IP, the guest's memory and processes as saved. The memory is copied
+// (cocoon's default), so the snapshot may be removed afterwards.
+func (c *Client) VMRestore(ctx context.Context, vm, snapshot string) error {
+	_, err := c.run(ctx, call{args: []string{"vm", "restore", vm, snapshot}, timeout: transferTimeout, long: true})
+	return err
+}
