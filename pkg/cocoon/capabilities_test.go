@@ -45,7 +45,7 @@ const (
 		"      --shared-memory      enable CH memory shared=on; required to attach vhost-user-fs later\n"
 	hibernateHelp = "Snapshot a running VM and stop it atomically\n\nUsage:\n  cocoon vm hibernate [flags] VM\n\nFlags:\n      --description string   snapshot description\n  -h, --help                 help for hibernate\n      --name string          snapshot name\n"
 	restoreHelp   = "Restore a VM from a snapshot\n\nUsage:\n  cocoon vm restore [flags] VM [SNAPSHOT]\n\nFlags:\n      --force                 accept a foreign snapshot directory\n      --from-dir string       restore from a snapshot directory\n  -h, --help                  help for restore\n      --restore-mode string   memory restore mode: copy, ondemand or mmap (default \"copy\")\n"
-	reseedHelp = "Force a CRNG reseed inside the guest\n\nUsage:\n  cocoon vm reseed VM [flags]\n\nFlags:\n  -h, --help         help for reseed\n      --machine-id   also regenerate /etc/machine-id\n"
+	reseedHelp    = "Force a CRNG reseed inside the guest\n\nUsage:\n  cocoon vm reseed VM [flags]\n\nFlags:\n  -h, --help         help for reseed\n      --machine-id   also regenerate /etc/machine-id\n"
 )
 
 func versionOutput(v string) string {
