@@ -14,6 +14,20 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// Traffic is what a watch of a pod's traffic offers (TrafficWatch).
+type Traffic interface {
+	// Seen reports whether the pod sent or received anything since the last call.
+	Seen() (bool, error)
+	// WaitForUse returns once a packet to the pod, or an ARP request for its address, came.
+	WaitForUse(ctx context.Context) error
+	Close() error
+}
+
+// WatchTraffic opens a TrafficWatch (below) on the pod interface in the VM namespace at vmNetNS.
+func (m *Manager) WatchTraffic(vmNetNS string, podIP net.IP) (Traffic, error) {
+	return WatchTraffic(vmNetNS, podIP)
+}
+
 // TrafficWatch is a packet socket on the pod interface in a VM's namespace, where the interface is
 // while a VM holds it. It sees the pod's packets in both directions before tc hands them to the
 // VM's TAP, so it works whether or not a hypervisor reads the TAP: the hibernation of an idle pod

@@ -130,6 +130,7 @@ func runDaemon(parent context.Context, o *options) error {
 		Virtiofsd:           findVirtiofsd(o.virtiofsd, log),
 		ShareDir:            filepath.Join(o.stateDir, "shares"),
 		CheckpointJournal:   filepath.Join(o.stateDir, "checkpoints"),
+		HibernateAfter:      o.hibernateAfter,
 	}, log, st, vmruntime.CocoonClient(cc), nets, images)
 	defer vms.Shutdown()
 
@@ -171,6 +172,7 @@ func runDaemon(parent context.Context, o *options) error {
 		return fmt.Errorf("recover state: %w", err)
 	}
 	go vms.WatchVMs(ctx)
+	go vms.RunHibernation(ctx)
 	if err := images.Sweep(ctx); err != nil {
 		log.Warn("deleting unused image artifacts failed; the next removal retries", "err", err)
 	}

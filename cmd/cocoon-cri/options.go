@@ -61,6 +61,7 @@ type options struct {
 	maxStorage          string
 	volumeMaxBytes      string
 	allowedNetworks     []string
+	hibernateAfter      time.Duration
 }
 
 func defaultOptions() *options {
@@ -143,6 +144,8 @@ func (o *options) addFlags(cmd *cobra.Command) {
 		"the most a container's volumes may hold together, copied into its guest (a quantity, such as 64Mi); a container past it is refused")
 	d.StringVar(&o.maxStorage, "max-storage", o.maxStorage,
 		"largest VM disk a pod may ask for with the cocoonset.cocoonstack.io/storage annotation (a quantity)")
+	d.DurationVar(&o.hibernateAfter, "hibernate-after", o.hibernateAfter,
+		"hibernate a VM pod idle this long (no exec, attach or port-forward, no traffic, under 5% of a vCPU) until its next use, unless its vm.cocoonstack.io/hibernate-after annotation says otherwise (0: never; at least 1s)")
 	d.StringSliceVar(&o.allowedNetworks, "allowed-networks", o.allowedNetworks,
 		"CNI networks of --cni-conf-dir that pods may pick by name with the cocoonset.cocoonstack.io/network annotation, besides the default one (repeat or separate with commas)")
 	cmd.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
@@ -212,6 +215,9 @@ func (o *options) validate() error {
 	}
 	if q, err := resource.ParseQuantity(o.maxStorage); err != nil || q.Value() < vmruntime.MinStorage {
 		return fmt.Errorf("--max-storage %q: want a quantity of at least 10G, such as 200Gi", o.maxStorage)
+	}
+	if o.hibernateAfter < 0 || o.hibernateAfter > 0 && o.hibernateAfter < vmruntime.MinHibernateAfter {
+		return fmt.Errorf("--hibernate-after %s: want 0 (never) or at least %s", o.hibernateAfter, vmruntime.MinHibernateAfter)
 	}
 	if o.profiling && o.metricsAddr == "" {
 		return fmt.Errorf("--profiling serves the profiles on --metrics-addr: give one too")

@@ -3,6 +3,7 @@ package vmruntime
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 
@@ -18,7 +19,13 @@ const (
 	AnnotationStorage    = "cocoonset.cocoonstack.io/storage"
 	AnnotationOS         = "cocoonset.cocoonstack.io/os"
 	AnnotationNetwork    = "cocoonset.cocoonstack.io/network"
+	// AnnotationHibernateAfter is cocoon-cri's own: how long the pod's VM may sit idle before it
+	// hibernates (docs/hibernation.md).
+	AnnotationHibernateAfter = "vm.cocoonstack.io/hibernate-after"
 )
+
+// MinHibernateAfter is the shortest idle period a pod may ask for.
+const MinHibernateAfter = time.Second
 
 // parseVMOptions reads the pod's cocoon annotations. Unlike vk-cocoon, which reads anything but
 // "true" as false, a malformed value is refused: a typo must not silently change the VM.
@@ -66,5 +73,25 @@ func parseVMOptions(annotations map[string]string) (store.VMOptions, error) {
 		}
 		o.Network = v
 	}
+	if v, ok := annotations[AnnotationHibernateAfter]; ok {
+		d, err := ParseHibernateAfter(v)
+		if err != nil {
+			return o, fmt.Errorf("annotation %s=%q: %w", AnnotationHibernateAfter, v, err)
+		}
+		o.HibernateAfter = d
+	}
 	return o, nil
+}
+
+// ParseHibernateAfter reads an idle period: a Go duration of at least MinHibernateAfter, or 0 for
+// never.
+func ParseHibernateAfter(v string) (time.Duration, error) {
+	d, err := time.ParseDuration(v)
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("not a duration such as 10m: %v", err)
+	case d < 0, d > 0 && d < MinHibernateAfter:
+		return 0, fmt.Errorf("want 0 (never) or at least %s", MinHibernateAfter)
+	}
+	return d, nil
 }

@@ -109,7 +109,7 @@ func (s *Server) writeCheckpoint(ctx context.Context, sb *store.Sandbox, c *stor
 	if info, err := os.Stat(filepath.Dir(path)); err != nil || !info.IsDir() {
 		return 0, invalid("the directory of %s does not exist", path)
 	}
-	name, err := checkpointSnapshotName(c.ID)
+	name, err := snapshotName(checkpointSnapshotPrefix, c.ID)
 	if err != nil {
 		return 0, err
 	}
@@ -120,7 +120,7 @@ func (s *Server) writeCheckpoint(ctx context.Context, sb *store.Sandbox, c *stor
 	}
 	defer noted()
 	// A save cut short by the deadline may still have recorded the snapshot: delete it either way.
-	defer s.removeCheckpointSnapshot(ctx, name)
+	defer s.removeSnapshot(ctx, name, "a checkpoint")
 	f, err := os.OpenFile(partial, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return 0, fmt.Errorf("create %s: %w", partial, err)
@@ -179,21 +179,24 @@ func (s *Server) saveInto(ctx context.Context, sb *store.Sandbox, c *store.Conta
 	return info.Size(), nil
 }
 
-func checkpointSnapshotName(containerID string) (string, error) {
+// snapshotName names a snapshot cocoon-cri makes of a container's VM: its kind's prefix, the
+// container ID's first 12 characters and a random part.
+func snapshotName(prefix, containerID string) (string, error) {
 	var b [4]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		return "", err
 	}
-	return checkpointSnapshotPrefix + containerID[:min(12, len(containerID))] + "-" + hex.EncodeToString(b[:]), nil
+	return prefix + containerID[:min(12, len(containerID))] + "-" + hex.EncodeToString(b[:]), nil
 }
 
-// removeCheckpointSnapshot deletes a checkpoint's cocoon snapshot once its archive is written or
-// has failed. The caller's context may be what failed, so the deletion gets its own.
-func (s *Server) removeCheckpointSnapshot(ctx context.Context, name string) {
+// removeSnapshot deletes a snapshot cocoon-cri made (of a checkpoint or a hibernation, as what
+// says) once it is no longer needed. The caller's context may be what failed, so the deletion
+// gets its own.
+func (s *Server) removeSnapshot(ctx context.Context, name, what string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cocoon.DefaultTimeout)
 	defer cancel()
 	if err := s.cocoon.SnapshotRemove(ctx, name); err != nil && !isNotFound(err) {
-		s.log.Error("could not delete a checkpoint's snapshot; delete it with cocoon snapshot rm", "snapshot", name, "err", err)
+		s.log.Error("could not delete the snapshot of "+what+"; delete it with cocoon snapshot rm", "snapshot", name, "err", err)
 	}
 }
 

@@ -3,6 +3,7 @@ package vmruntime
 import (
 	"context"
 	"io"
+	"sync"
 	"time"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -21,6 +22,9 @@ type containerIO struct {
 	// setUp is closed once the guest has been configured for the pod (or given up on): commands
 	// wait for it, so they see the pod's hostname and resolvers.
 	setUp chan struct{}
+	// resumeGuest, set for a VM that hibernated when its streams were opened (a restart of
+	// cocoon-cri), runs the guest's set-up and main process once the VM wakes.
+	resumeGuest func()
 }
 
 // consoleStopWait bounds how long a stop waits for the console reader to let go.
@@ -69,6 +73,10 @@ func (s *Server) startIO(sb *store.Sandbox, c *store.Container) {
 	s.iosMu.Unlock()
 
 	go cio.console.Run(ctx)
+	if c.VM.Hibernated() {
+		cio.resumeGuest = sync.OnceFunc(func() { go s.runGuest(ctx, sb, c, cio) })
+		return
+	}
 	go s.runGuest(ctx, sb, c, cio)
 }
 

@@ -25,6 +25,9 @@ func (s *Server) ContainerStatus(_ context.Context, req *runtimeapi.ContainerSta
 		if cio := s.ioOf(c.ID); cio != nil {
 			info.ConsoleTail = cio.console.Tail()
 		}
+		if sb, err := s.store.Sandboxes.Get(c.SandboxID); err == nil && c.State == store.ContainerRunning {
+			info.Hibernation = s.hibernationInfo(sb, c)
+		}
 		if resp.Info, err = verboseInfo(info); err != nil {
 			return nil, err
 		}
@@ -39,6 +42,8 @@ type containerInfo struct {
 	Config    *runtimeapi.ContainerConfig `json:"config"`
 	// ConsoleTail is the VM console's latest output, for a look at what the guest printed.
 	ConsoleTail string `json:"consoleTail,omitempty"`
+	// Hibernation is shown for a running container whose pod may hibernate.
+	Hibernation *hibernationInfo `json:"hibernation,omitempty"`
 }
 
 func containerStatus(c *store.Container) *runtimeapi.ContainerStatus {

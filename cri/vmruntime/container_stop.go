@@ -56,6 +56,15 @@ const mainExitStopTimeout = 10 * time.Second
 // A guest cocoon would stop at once (store.VM.StopsAtOnce) is first asked to power off through
 // the exec path, within timeout. The caller holds the sandbox lock.
 func (s *Server) stopVM(ctx context.Context, sb *store.Sandbox, c *store.Container, timeout time.Duration) error {
+	if c.VM.Hibernated() {
+		// Waking the guest to shut it down would take longer than the stop is meant to: its saved
+		// state is discarded instead, as a SIGKILL discards a process's.
+		if err := s.discardHibernation(ctx, sb, c); err != nil {
+			return err
+		}
+		s.log.Info("container stopped while its VM hibernated", "container", c.ID, "vm", c.VM.ID)
+		return s.recordExit(c, exitStatus{killedExitCode, reasonError, "stopped while hibernated: the guest was not woken, its saved state was discarded"})
+	}
 	start := s.nowFunc()
 	var asked powerOffAnswer
 	if c.VM.StopsAtOnce() && timeout > 0 {
@@ -149,6 +158,7 @@ func (s *Server) recordExit(c *store.Container, st exitStatus) error {
 		return fmt.Errorf("record container exited: %w", err)
 	}
 	s.emit(runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT, exited)
+	s.idle.drop(c.ID)
 	s.stopIO(c.ID)
 	s.samplers.Close(c.ID)
 	s.releaseCgroup(exited)

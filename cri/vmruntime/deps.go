@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
@@ -50,7 +51,11 @@ type Cocoon interface {
 	// WatchVMs calls fn with each VM event until ctx ends or the stream stops.
 	WatchVMs(ctx context.Context, poll time.Duration, fn func(cocoon.VMEvent)) error
 
+	VMHibernate(ctx context.Context, vm, name string) error
+	VMRestore(ctx context.Context, vm, snapshot string) error
+
 	SnapshotSave(ctx context.Context, vm, name, description string) (*cocoon.Snapshot, error)
+	SnapshotInspect(ctx context.Context, ref string) (*cocoon.Snapshot, error)
 	SnapshotExport(ctx context.Context, ref string, w io.Writer) error
 	SnapshotRemove(ctx context.Context, ref string) error
 }
@@ -93,6 +98,8 @@ type PodNetwork interface {
 	ReclaimFromVM(sandboxID, podNetNS, vmNetNS string, result json.RawMessage) error
 
 	PodInterfaceCounters(podNetNS string) (vmstats.Interface, error)
+	// WatchTraffic watches the pod interface in a VM's namespace for the pod's use.
+	WatchTraffic(vmNetNS string, podIP net.IP) (tapmanager.Traffic, error)
 	// RemoveLeftovers removes the network leftovers of sandboxes not in known.
 	RemoveLeftovers(ctx context.Context, known map[string]bool) ([]string, error)
 }

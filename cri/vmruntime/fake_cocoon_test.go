@@ -74,6 +74,7 @@ type fakeVM struct {
 type fakeSnapshot struct {
 	cocoon.Snapshot
 	archive []byte // what snapshot export writes
+	ofVM    string // the VM a hibernation saved, which alone may restore it
 }
 
 // The capabilities of the two cocoon releases cocoon-cri supports (docs/cocoon-contract.md
@@ -81,7 +82,7 @@ type fakeSnapshot struct {
 var (
 	capsV038 = cocoon.Capabilities{Version: "v0.3.8", CloneResize: true, CloneOnDemand: true}
 	capsV05  = cocoon.Capabilities{Version: "v0.5.1", Exec: true, CloneRestoreMode: true, ReseedMachineID: true,
-		DiskAttach: true, DeviceAttach: true, FsAttach: true}
+		DiskAttach: true, DeviceAttach: true, FsAttach: true, Hibernate: true}
 )
 
 // fakeDeadPIDs numbers the hypervisors of the fake's VMs by default: above any pid_max (at most
@@ -721,6 +722,74 @@ func (f *fakeCocoon) SnapshotSave(ctx context.Context, vm, name, description str
 	}
 	cfg := cocoon.SnapshotConfig{Config: v.Config.Config, Name: name, Description: description, Hypervisor: v.Hypervisor, NICs: len(v.NetworkConfigs)}
 	return f.addSnapshot(cfg, fakeSnapshotArchive(cfg, "memory of "+v.ID)), nil
+}
+
+// VMHibernate saves a running VM into a snapshot of its own and stops it, as cocoon's vm
+// hibernate does in one pause, on either hypervisor; a failure leaves the VM running.
+func (f *fakeCocoon) VMHibernate(_ context.Context, vm, name string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	args := []string{"vm", "hibernate", "--name", name, vm}
+	if err := f.call("VMHibernate", vm, name); err != nil {
+		return err
+	}
+	v := f.vmByRef(vm)
+	switch {
+	case !f.caps.Hibernate:
+		return cocoonErr(nil, `unknown command "hibernate" for "cocoon vm"`, args...)
+	case v == nil:
+		return notFoundVM(vm, args...)
+	case v.State != cocoon.VMStateRunning:
+		return cocoonErr(nil, fmt.Sprintf("hibernate VM %s: VM not running", v.ID), args...)
+	case len(v.attached) > 0:
+		return cocoonErr(cocoon.ErrInUse, fmt.Sprintf("hot-attached %s: detach before snapshot or hibernate", v.attached[0]), args...)
+	case f.snapshots[name] != nil:
+		return cocoonErr(cocoon.ErrAlreadyExists, fmt.Sprintf("snapshot name %q already exists", name), args...)
+	}
+	cfg := cocoon.SnapshotConfig{Config: v.Config.Config, Name: name, Hypervisor: v.Hypervisor, NICs: len(v.NetworkConfigs)}
+	f.addSnapshot(cfg, fakeSnapshotArchive(cfg, "memory of "+v.ID))
+	f.snapshots[name].ofVM = v.ID
+	v.State, v.PID, v.SocketPath = cocoon.VMStateStopped, 0, ""
+	f.emit(cocoon.VMModified, v.VM)
+	return nil
+}
+
+// VMRestore runs a VM again from a snapshot a hibernation of that VM saved, in a new hypervisor.
+func (f *fakeCocoon) VMRestore(_ context.Context, vm, snapshot string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	args := []string{"vm", "restore", vm, snapshot}
+	if err := f.call("VMRestore", vm, snapshot); err != nil {
+		return err
+	}
+	v, snap := f.vmByRef(vm), f.snapshotByRef(snapshot)
+	switch {
+	case !f.caps.Hibernate:
+		return cocoonErr(nil, `unknown command "restore" for "cocoon vm"`, args...)
+	case v == nil:
+		return notFoundVM(vm, args...)
+	case snap == nil:
+		return cocoonErr(cocoon.ErrNotFound, fmt.Sprintf("snapshot %s: snapshot not found", snapshot), args...)
+	case snap.ofVM != v.ID:
+		return cocoonErr(nil, fmt.Sprintf("snapshot %s does not belong to VM %s", snapshot, vm), args...)
+	}
+	f.boot(v)
+	f.emit(cocoon.VMModified, v.VM)
+	return nil
+}
+
+func (f *fakeCocoon) SnapshotInspect(_ context.Context, ref string) (*cocoon.Snapshot, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.call("SnapshotInspect", ref); err != nil {
+		return nil, err
+	}
+	snap := f.snapshotByRef(ref)
+	if snap == nil {
+		return nil, cocoonErr(cocoon.ErrNotFound, fmt.Sprintf("snapshot %s: snapshot not found", ref), "snapshot", "inspect", ref)
+	}
+	out := snap.Snapshot
+	return &out, nil
 }
 
 func (f *fakeCocoonState) addSnapshot(cfg cocoon.SnapshotConfig, archive []byte) *cocoon.Snapshot {

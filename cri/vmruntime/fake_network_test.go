@@ -32,6 +32,102 @@ type fakeNetwork struct {
 	leases   map[string]string          // CNI ADD done and not yet deleted: sandbox ID -> IP
 	cocoon   map[string]json.RawMessage // cocoon's configuration, by sandbox ID: the pod's CNI result
 	serial   int
+	watches  map[*fakeTraffic]bool // open traffic watches
+}
+
+// fakeTraffic is a watch of the pod's traffic in a VM's namespace; the test sends it packets.
+type fakeTraffic struct {
+	n       *fakeNetwork
+	netns   string
+	seen    bool          // under n.mu
+	waiting int           // WaitForUse calls in flight, under n.mu
+	packet  chan struct{} // a packet for a WaitForUse
+}
+
+func (t *fakeTraffic) Seen() (bool, error) {
+	t.n.mu.Lock()
+	defer t.n.mu.Unlock()
+	seen := t.seen
+	t.seen = false
+	return seen, nil
+}
+
+func (t *fakeTraffic) WaitForUse(ctx context.Context) error {
+	t.n.mu.Lock()
+	select {
+	case <-t.packet: // before the call: it does not count
+	default:
+	}
+	t.waiting++
+	t.n.mu.Unlock()
+	defer func() {
+		t.n.mu.Lock()
+		t.waiting--
+		t.n.mu.Unlock()
+	}()
+	select {
+	case <-t.packet:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (t *fakeTraffic) Close() error {
+	t.n.mu.Lock()
+	defer t.n.mu.Unlock()
+	delete(t.n.watches, t)
+	return nil
+}
+
+// WatchTraffic opens a watch on the pod interface in a VM's namespace.
+func (n *fakeNetwork) WatchTraffic(vmNetNS string, _ net.IP) (tapmanager.Traffic, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := n.call("WatchTraffic", vmNetNS); err != nil {
+		return nil, err
+	}
+	t := &fakeTraffic{n: n, netns: vmNetNS, packet: make(chan struct{}, 1)}
+	if n.watches == nil {
+		n.watches = map[*fakeTraffic]bool{}
+	}
+	n.watches[t] = true
+	return t, nil
+}
+
+// packet passes a packet of the pod's through the VM namespace's open watches.
+func (n *fakeNetwork) packet(vmNetNS string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for t := range n.watches {
+		if t.netns == vmNetNS {
+			t.seen = true
+			select {
+			case t.packet <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+// waitingFor counts the waits for the pod's traffic in flight in a VM's namespace.
+func (n *fakeNetwork) waitingFor(vmNetNS string) int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	waiting := 0
+	for t := range n.watches {
+		if t.netns == vmNetNS {
+			waiting += t.waiting
+		}
+	}
+	return waiting
+}
+
+// openWatches counts the traffic watches not closed.
+func (n *fakeNetwork) openWatches() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return len(n.watches)
 }
 
 // fakeNetDir stands for the directories the fake's paths are under.

@@ -90,7 +90,11 @@ func (n *fakeNode) restart() {
 func settle(s *Server) {
 	s.iosMu.Lock()
 	var ios []*containerIO
-	for _, cio := range s.ios {
+	for id, cio := range s.ios {
+		// A hibernated VM's set-up waits for its wake.
+		if c, err := s.store.Containers.Get(id); err == nil && cio.resumeGuest != nil && c.VM.Hibernated() {
+			continue
+		}
 		ios = append(ios, cio)
 	}
 	s.iosMu.Unlock()

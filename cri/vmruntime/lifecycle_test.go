@@ -21,7 +21,7 @@ import (
 
 // vmCalls are the calls that make, change or remove VMs.
 func vmCalls(fc *fakeCocoon) []string {
-	return fc.calls("VMClone", "VMCreate", "VMStart", "VMStop", "VMRemove", "VMInspect")
+	return fc.calls("VMClone", "VMCreate", "VMStart", "VMStop", "VMRemove", "VMInspect", "VMHibernate", "VMRestore")
 }
 
 func TestClonedPodLife(t *testing.T) {

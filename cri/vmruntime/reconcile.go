@@ -53,6 +53,7 @@ func (s *Server) Recover(ctx context.Context) error {
 	if err != nil {
 		s.log.Warn("cannot list cocoon's VMs: running containers are checked by the periodic sweep", "err", err)
 	} else {
+		s.recoverHibernations(ctx, vms)
 		s.checkRunning(ctx, vms)
 		s.handleOrphans(ctx, vms)
 	}

@@ -20,26 +20,45 @@ import (
 // pods' network in the network; Recover brings the records in line (docs/design.md, State and
 // recovery).
 
-// orphanCounter is the metrics' Observer, keeping what it is told.
-type orphanCounter struct {
-	mu       sync.Mutex
-	orphans  []int
-	restarts int
+// fakeObserver is the metrics' Observer, keeping what it is told.
+type fakeObserver struct {
+	mu                           sync.Mutex
+	orphans                      []int
+	restarts                     int
+	hibernations, wakes, refused int
 }
 
-func (o *orphanCounter) Orphans(n int) {
+func (o *fakeObserver) Hibernated(time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.hibernations++
+}
+
+func (o *fakeObserver) Woke(time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.wakes++
+}
+
+func (o *fakeObserver) HibernationFailed(time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.refused++
+}
+
+func (o *fakeObserver) Orphans(n int) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.orphans = append(o.orphans, n)
 }
 
-func (o *orphanCounter) WatcherRestarted() {
+func (o *fakeObserver) WatcherRestarted() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.restarts++
 }
 
-func (o *orphanCounter) counts() []int {
+func (o *fakeObserver) counts() []int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return slices.Clone(o.orphans)
@@ -49,7 +68,7 @@ func (o *orphanCounter) counts() []int {
 // VM going on, one stopped meanwhile and one removed by hand, with an orphan VM named like
 // cocoon-cri's, a VM that is not cocoon-cri's, and the network leftovers of a pod no record names.
 func TestRecoverAdoptsRunningVMsAndRecordsTheRest(t *testing.T) {
-	metrics := &orphanCounter{}
+	metrics := &fakeObserver{}
 	n := newFakeNode(t, Config{OrphanPolicy: OrphanDestroy, Metrics: metrics})
 	// Adopting a VM checks that its hypervisor lives, and is the process its start recorded.
 	pid, _ := hypervisorStandIn(t)
@@ -128,7 +147,7 @@ func TestRecoverAdoptsRunningVMsAndRecordsTheRest(t *testing.T) {
 func TestRecoverKeepsOrphansUnlessTold(t *testing.T) {
 	for _, policy := range []OrphanPolicy{OrphanAlert, OrphanKeep} {
 		t.Run(string(policy), func(t *testing.T) {
-			metrics := &orphanCounter{}
+			metrics := &fakeObserver{}
 			n := newFakeNode(t, Config{OrphanPolicy: policy, Metrics: metrics})
 			orphan := n.cocoon.addVM(cocoon.VM{State: cocoon.VMStateRunning, Config: cocoon.VMConfig{Name: VMNamePrefix + "0123456789ab-lost-app"}})
 			if err := n.s.Recover(context.Background()); err != nil {

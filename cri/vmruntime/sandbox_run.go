@@ -25,6 +25,9 @@ func (s *Server) RunPodSandbox(ctx context.Context, req *runtimeapi.RunPodSandbo
 	if err != nil {
 		return nil, invalid("%v", err)
 	}
+	if _, ok := cfg.GetAnnotations()[AnnotationHibernateAfter]; !ok {
+		vmOpts.HibernateAfter = s.cfg.HibernateAfter
+	}
 	if s.cfg.MaxStorage > 0 && vmOpts.Storage > s.cfg.MaxStorage {
 		return nil, invalid("annotation %s=%s is above the %s this node allows a VM disk (--max-storage)",
 			AnnotationStorage, cfg.GetAnnotations()[AnnotationStorage], quantity(s.cfg.MaxStorage))

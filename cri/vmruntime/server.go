@@ -90,6 +90,9 @@ type Config struct {
 	// CheckpointJournal is where checkpoints in progress are noted (under the state dir), so that a
 	// restart removes what one cut short. Empty: none is kept.
 	CheckpointJournal string
+	// HibernateAfter is the idle period after which a pod's VM hibernates, for pods without the
+	// hibernate-after annotation; 0 is never.
+	HibernateAfter time.Duration
 }
 
 // Observer is told what the runtime finds outside any RPC: VMs with cocoon-cri's names that no
@@ -102,6 +105,11 @@ type Observer interface {
 	Orphans(n int)
 	// WatcherRestarted is called each time the VM event stream ended and is started again.
 	WatcherRestarted()
+	// Hibernated is called after each hibernation, with how long it took, and Woke after each
+	// wake; HibernationFailed after each hibernation cocoon refused or failed.
+	Hibernated(took time.Duration)
+	Woke(took time.Duration)
+	HibernationFailed(took time.Duration)
 }
 
 // Cocoon's own limits (docs/cocoon-contract.md section 1.1).
@@ -133,6 +141,8 @@ type Server struct {
 	pullAuths pullAuths
 	// archives are the digests of checkpoint archives RestorePod has read.
 	archives archiveDigests
+	// idle follows the use of the VMs that may hibernate.
+	idle idleTracker
 
 	iosMu   sync.Mutex
 	ios     map[string]*containerIO // running containers' streams, by container ID
@@ -196,8 +206,10 @@ func (s *Server) Register(g *grpc.Server) {
 	runtimeapi.RegisterImageServiceServer(g, s)
 }
 
-// Shutdown closes every running container's streams (their logs are flushed); the VMs go on.
+// Shutdown closes every running container's streams (their logs are flushed) and the watches of
+// hibernated pods' traffic; the VMs go on.
 func (s *Server) Shutdown() {
+	s.idle.dropAll()
 	s.iosMu.Lock()
 	ids := make([]string, 0, len(s.ios))
 	for id := range s.ios {

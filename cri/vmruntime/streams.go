@@ -55,6 +55,15 @@ func (s *Server) ExecSync(ctx context.Context, req *runtimeapi.ExecSyncRequest) 
 		ctx, cancel = context.WithTimeout(ctx, time.Duration(req.GetTimeout())*time.Second)
 		defer cancel()
 	}
+	release, err := s.inUse(ctx, c.ID)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	// Read again: a wake records the VM's new hypervisor.
+	if sb, c, err = s.runningContainer(c.ID); err != nil {
+		return nil, err
+	}
 	stdout, stderr := &cappedBuffer{max: maxExecSyncOutput}, &cappedBuffer{max: maxExecSyncOutput}
 	err = s.awaitGuestSetUp(ctx, c.ID)
 	code := -1
@@ -165,6 +174,20 @@ func (s *Server) runningContainer(idOrPrefix string) (*store.Sandbox, *store.Con
 	return sb, c, nil
 }
 
+// runningContainerOf is the sandbox's running container (a sandbox runs at most one), or nil.
+func (s *Server) runningContainerOf(sandboxIDOrPrefix string) *store.Container {
+	sb, err := s.visibleSandbox(sandboxIDOrPrefix)
+	if err != nil {
+		return nil
+	}
+	for _, c := range s.sandboxContainers(sb.ID) {
+		if c.State == store.ContainerRunning {
+			return c
+		}
+	}
+	return nil
+}
+
 // sandboxAddress is a ready sandbox's pod IP.
 func (s *Server) sandboxAddress(idOrPrefix string) (string, error) {
 	sb, err := s.visibleSandbox(idOrPrefix)
@@ -181,11 +204,21 @@ func (s *Server) sandboxAddress(idOrPrefix string) (string, error) {
 type streamRuntime struct{ s *Server }
 
 func (r streamRuntime) Exec(ctx context.Context, containerID string, cmd []string, in io.Reader, out, errw io.WriteCloser, tty bool, resize <-chan remotecommand.TerminalSize) error {
-	sb, c, err := r.s.runningContainer(containerID)
+	_, c, err := r.s.runningContainer(containerID)
 	if err != nil {
 		return err
 	}
+	release, err := r.s.inUse(ctx, c.ID)
+	if err != nil {
+		return err
+	}
+	defer release()
 	if err := r.s.awaitGuestSetUp(ctx, c.ID); err != nil {
+		return err
+	}
+	// Read again: a wake records the VM's new hypervisor.
+	sb, c, err := r.s.runningContainer(c.ID)
+	if err != nil {
 		return err
 	}
 	code, err := r.s.guestExec(ctx, sb, c, containerCommand(c.Config.Msg, cmd), streaming.ExecIO{Stdin: in, Stdout: out, Stderr: errw, TTY: tty, Resize: resize})
@@ -205,6 +238,11 @@ func (r streamRuntime) Attach(ctx context.Context, containerID string, in io.Rea
 	if err != nil {
 		return err
 	}
+	release, err := r.s.inUse(ctx, c.ID)
+	if err != nil {
+		return err
+	}
+	defer release()
 	cio := r.s.ioOf(c.ID)
 	if cio == nil {
 		return precondition("container %s is not running", c.ID)
@@ -297,6 +335,13 @@ func (r streamRuntime) PortForward(ctx context.Context, podSandboxID string, por
 	ip, err := r.s.sandboxAddress(podSandboxID)
 	if err != nil {
 		return err
+	}
+	if c := r.s.runningContainerOf(podSandboxID); c != nil {
+		release, err := r.s.inUse(ctx, c.ID)
+		if err != nil {
+			return err
+		}
+		defer release()
 	}
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "tcp", net.JoinHostPort(ip, strconv.Itoa(int(port))))

@@ -90,7 +90,7 @@ func (s *Server) sweepLoop(ctx context.Context) {
 // sweep checks every running container against cocoon's VM list: one cocoon call, whatever the
 // number of pods.
 func (s *Server) sweep(ctx context.Context) {
-	if len(s.store.Containers.List(func(c *store.Container) bool { return c.State == store.ContainerRunning })) == 0 {
+	if len(s.store.Containers.List(awakeRunning)) == 0 {
 		return
 	}
 	vms, err := s.cocoon.VMList(ctx)
@@ -113,7 +113,7 @@ func (s *Server) checkRunning(ctx context.Context, vms []cocoon.VM) {
 	// a time, after a node-wide crash too.
 	var g errgroup.Group
 	g.SetLimit(checkConcurrency)
-	for _, c := range s.store.Containers.List(func(c *store.Container) bool { return c.State == store.ContainerRunning }) {
+	for _, c := range s.store.Containers.List(awakeRunning) {
 		vm, ok := byID[c.VM.ID]
 		if ok && vm.State == cocoon.VMStateRunning && vmAlive(vm.PID, c.VM) {
 			continue
@@ -153,7 +153,7 @@ func (s *Server) checkVMEndedOnce(ctx context.Context, sandboxID, containerID, v
 	unlock := s.locks.Lock(sandboxID)
 	defer unlock()
 	c, err := s.store.Containers.Get(containerID)
-	if err != nil || c.State != store.ContainerRunning || c.VM.ID != vmID {
+	if err != nil || !awakeRunning(c) || c.VM.ID != vmID {
 		return false
 	}
 	sb, err := s.store.Sandboxes.Get(sandboxID)
@@ -201,6 +201,12 @@ func (s *Server) checkVMEndedOnce(ctx context.Context, sandboxID, containerID, v
 	return false
 }
 
+// awakeRunning selects the running containers whose VM should run: a hibernated VM, and one
+// hibernating, are stopped on purpose.
+func awakeRunning(c *store.Container) bool {
+	return c.State == store.ContainerRunning && c.VM.Hibernation.Snapshot == ""
+}
+
 // vmEnded reports whether a VM in this state no longer runs its guest.
 func vmEnded(st cocoon.VMState) bool {
 	return st == cocoon.VMStateStopped || st == cocoon.VMStateStale || st == cocoon.VMStateError
@@ -208,7 +214,7 @@ func vmEnded(st cocoon.VMState) bool {
 
 func (s *Server) runningContainersOf(vmID string) []*store.Container {
 	return s.store.Containers.List(func(c *store.Container) bool {
-		return c.State == store.ContainerRunning && c.VM.ID == vmID
+		return awakeRunning(c) && c.VM.ID == vmID
 	})
 }
 

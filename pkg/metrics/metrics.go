@@ -46,6 +46,7 @@ type Metrics struct {
 	pullBytes      *prometheus.CounterVec
 	orphans        prometheus.Gauge
 	watcherRestart prometheus.Counter
+	hibernations   *prometheus.HistogramVec
 }
 
 // Buckets, in seconds. RPCs range from a List served from memory (well under a millisecond) to a
@@ -116,11 +117,16 @@ func New(st *store.Store, version string) *Metrics {
 			Namespace: namespace, Name: "event_watcher_restarts_total",
 			Help: "Times the watcher of cocoon's VM events (cocoon vm status --event) ended and was started again.",
 		}),
+		hibernations: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "hibernation_duration_seconds",
+			Help:    "Time hibernations of idle VMs (op hibernate; result failure when cocoon refused or failed) and wakes (op wake) took.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 2, 12),
+		}, []string{"op", "result"}),
 	}
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.rpcs, m.rpcSeconds, m.rpcOwnSeconds, m.cocoonSeconds, m.cocoonFailures, m.cniSeconds, m.cniFailures, m.pullSeconds, m.pullBytes, m.orphans, m.watcherRestart,
+		m.rpcs, m.rpcSeconds, m.rpcOwnSeconds, m.cocoonSeconds, m.cocoonFailures, m.cniSeconds, m.cniFailures, m.pullSeconds, m.pullBytes, m.orphans, m.watcherRestart, m.hibernations,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "build_info",
 			Help:        "Always 1; the version label is cocoon-cri's version.",
@@ -172,6 +178,21 @@ func (m *Metrics) ImagePulled(kind string, took time.Duration, bytes int64, pres
 
 // Orphans records how many orphan VMs the startup reconcile left on the node (cri.Observer).
 func (m *Metrics) Orphans(n int) { m.orphans.Set(float64(n)) }
+
+// Hibernated records one hibernation (cri.Observer).
+func (m *Metrics) Hibernated(took time.Duration) {
+	m.hibernations.WithLabelValues("hibernate", "success").Observe(took.Seconds())
+}
+
+// HibernationFailed counts one hibernation cocoon refused or failed (cri.Observer).
+func (m *Metrics) HibernationFailed(took time.Duration) {
+	m.hibernations.WithLabelValues("hibernate", "failure").Observe(took.Seconds())
+}
+
+// Woke records one wake of a hibernated VM (cri.Observer).
+func (m *Metrics) Woke(took time.Duration) {
+	m.hibernations.WithLabelValues("wake", "success").Observe(took.Seconds())
+}
 
 // WatcherRestarted counts one restart of the VM event watcher (cri.Observer).
 func (m *Metrics) WatcherRestarted() { m.watcherRestart.Inc() }

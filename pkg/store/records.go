@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"maps"
 	"slices"
+	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -78,6 +79,8 @@ type VMOptions struct {
 	Storage    int64  `json:"storage,omitempty"` // COW disk bytes; 0 = default
 	Windows    bool   `json:"windows,omitempty"`
 	Network    string `json:"network,omitempty"` // CNI conflist name for cocoon
+	// HibernateAfter is how long the pod's VM must be idle before it hibernates; 0 never.
+	HibernateAfter time.Duration `json:"hibernate_after,omitempty"`
 }
 
 func (s *Sandbox) key() string          { return s.ID }
@@ -190,7 +193,22 @@ type VM struct {
 	SharedMemory bool `json:"shared_memory,omitempty"`
 	// Share is the virtio-fs share of the container's directory volumes, while it exists.
 	Share Share `json:"share,omitzero"`
+	// Hibernation is where the VM's state is kept while it hibernates.
+	Hibernation Hibernation `json:"hibernation,omitzero"`
 }
+
+// Hibernation is a running container's VM saved and its hypervisor ended (cocoon vm hibernate):
+// the container stays RUNNING, and the VM resumes from Snapshot on use (cocoon vm restore).
+type Hibernation struct {
+	// Snapshot is the cocoon snapshot holding the VM's memory and disk. It is recorded before
+	// cocoon is asked, so that a restart finds what a hibernation cut short.
+	Snapshot string `json:"snapshot,omitempty"`
+	// Since is when the VM hibernated (Unix nanoseconds); 0 while the hibernation is under way.
+	Since int64 `json:"since,omitempty"`
+}
+
+// Hibernated says whether the VM is saved and its hypervisor gone.
+func (v *VM) Hibernated() bool { return v.Hibernation.Since != 0 }
 
 // Share is the virtio-fs share a VM's guest mounts the container's directory volumes from: a
 // directory holding one bind mount of each volume, served by a virtiofsd of its own. Dir and
