@@ -451,3 +451,54 @@ func (lab *netLab) checkNoNetworkLeft() {
 		lab.t.Fatalf("CNI records left: %s", data)
 	}
 }
+
+// TestCNIHibernateRestoreKeepsTheGuestOnItsAddress: a VM restored from its hibernation answers
+// at the same IP from the same MAC, in its own netns, also when the netns was lost while it slept
+// (a host reboot): restore heals a stopped VM's network as vm start does.
+func TestCNIHibernateRestoreKeepsTheGuestOnItsAddress(t *testing.T) {
+	requireTool(t, "mkfs.ext4")
+	lab := newNetLab(t, labOptions{})
+	lab.seedImage("img", guest.Spec{})
+	vm := lab.runVM("img", "db", "--cpu", "1")
+	nc := vm.NetworkConfigs[0]
+	ip := nc.Network.IP
+	lab.mustProbe(lab.ns, ip, "db "+ip)
+
+	lab.ok("vm", "hibernate", "--name", "nap", "db")
+	lab.ok("vm", "restore", "db", "nap")
+	restored := lab.inspect("db")
+	if !slices.EqualFunc(restored.NetworkConfigs, vm.NetworkConfigs, sameNIC) || restored.PID == vm.PID {
+		t.Fatalf("restore changed the NICs or kept the hypervisor: %+v, pid %d", restored.NetworkConfigs[0], restored.PID)
+	}
+	if !sameNetns(t, restored.PID, nc.NetnsPath) {
+		t.Fatal("the restored hypervisor does not run in the VM's netns")
+	}
+	lab.mustProbe(lab.ns, ip, "db "+ip)
+	if got := lab.neighbourMAC(ip); got != nc.Mac {
+		t.Fatalf("after restore the neighbour table has %q, want %s", got, nc.Mac)
+	}
+
+	// Hibernated, then the netns goes behind cocoon's back.
+	lab.ok("vm", "hibernate", "--name", "nap2", "db")
+	if err := unix.Unmount(nc.NetnsPath, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(nc.NetnsPath); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the lost netns's veth to leave the bridge", func() bool { return len(lab.bridgePorts(labBridge)) == 0 })
+	r := lab.cocoon("vm", "restore", "db", "nap2")
+	if r.code != 0 || !strings.Contains(stripANSI(r.stderr), "network missing for VM "+vm.ID+", recovering") {
+		t.Fatalf("restore with a lost netns: exit %d\n%s", r.code, stripANSI(r.stderr))
+	}
+	recovered := lab.inspect("db")
+	if !slices.EqualFunc(recovered.NetworkConfigs, vm.NetworkConfigs, sameNIC) || !sameNetns(t, recovered.PID, nc.NetnsPath) {
+		t.Fatalf("recovery changed the NICs or the netns: %+v", recovered.NetworkConfigs[0])
+	}
+	lab.mustProbe(lab.ns, ip, "db "+ip)
+	if got := lab.neighbourMAC(ip); got != nc.Mac {
+		t.Fatalf("after recovery the neighbour table has %q, want %s", got, nc.Mac)
+	}
+	lab.ok("vm", "rm", "--force", "db")
+	lab.checkNoNetworkLeft()
+}

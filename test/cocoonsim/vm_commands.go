@@ -42,12 +42,16 @@ func (a *app) vmCommand() *cobra.Command {
 	rmCmd.Flags().Bool("force", false, "force delete running VMs")
 	addOutputFlag(rmCmd)
 
+	// v0.3.8's vm restore (its own flags) is not simulated; v0.5's is, beside vm hibernate.
 	restoreCmd := &cobra.Command{Use: "restore [flags] VM SNAPSHOT", Short: "Restore a running VM to a previous snapshot", Args: cobra.ExactArgs(2), RunE: notSimulated("vm restore")}
 	restoreCmd.Flags().Int("cpu", 0, "boot CPUs (0 = keep current)")
 	restoreCmd.Flags().String("memory", "", "memory size (empty = keep current)")
 	restoreCmd.Flags().String("storage", "", "COW disk size (empty = keep current)")
 	restoreCmd.Flags().Bool("on-demand", false, "use UFFD on-demand memory loading for faster restore (CH only; snapshot file must remain on disk)")
 	addOutputFlag(restoreCmd)
+	if a.profile.Hibernate {
+		restoreCmd = a.restoreCommand()
+	}
 
 	debugCmd := &cobra.Command{Use: "debug [flags] IMAGE", Short: "Generate hypervisor launch command (dry run)", Args: cobra.ExactArgs(1), RunE: notSimulated("vm debug")}
 	addVMFlags(debugCmd, a.profile)
@@ -73,6 +77,9 @@ func (a *app) vmCommand() *cobra.Command {
 	}
 	if a.profile.VhostUserFs {
 		vmCmd.AddCommand(a.fsCommand())
+	}
+	if a.profile.Hibernate {
+		vmCmd.AddCommand(a.hibernateCommand())
 	}
 	return vmCmd
 }

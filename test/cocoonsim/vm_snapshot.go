@@ -72,29 +72,40 @@ func (b *backend) snapshot(ctx context.Context, ref string) (*cocoon.SnapshotCon
 	}); err != nil {
 		return fail(fmt.Errorf("snapshot VM %s: %w", vmID, err))
 	}
-	if !direct && !rec.Config.Windows {
+	cfg, err := b.finalizeCapture(ctx, vmID, &rec, tmpDir)
+	if err != nil {
+		return fail(err)
+	}
+	return cfg, tmpDir, nil
+}
+
+// finalizeCapture completes a captured snapshot directory outside the hypervisor's own files
+// (the cloud-init seed, the guest behaviour file, the cocoon.json sidecar) and records a new
+// snapshot ID on the VM (cocoon's finalizeSnapshot).
+func (b *backend) finalizeCapture(ctx context.Context, vmID string, rec *vmRecord, tmpDir string) (*cocoon.SnapshotConfig, error) {
+	if !rec.BootConfig.directBoot() && !rec.Config.Windows {
 		if src := filepath.Join(rec.RunDir, cidataFile); validFile(src) {
 			if err := reflinkCopy(filepath.Join(tmpDir, cidataFile), src); err != nil {
-				return fail(fmt.Errorf("copy cidata: %w", err))
+				return nil, fmt.Errorf("copy cidata: %w", err)
 			}
 		}
 	}
 	if src := filepath.Join(rec.RunDir, guest.SpecFile); validFile(src) {
 		if err := copyFile(filepath.Join(tmpDir, guest.SpecFile), src); err != nil {
-			return fail(fmt.Errorf("copy guest behaviour: %w", err))
+			return nil, fmt.Errorf("copy guest behaviour: %w", err)
 		}
 	}
-	if err := b.writeSnapshotMeta(tmpDir, &rec); err != nil {
-		return fail(fmt.Errorf("write snapshot metadata: %w", err))
+	if err := b.writeSnapshotMeta(tmpDir, rec); err != nil {
+		return nil, fmt.Errorf("write snapshot metadata: %w", err)
 	}
 	snapID, err := b.recordSnapshot(ctx, vmID)
 	if err != nil {
-		return fail(err)
+		return nil, err
 	}
 	return &cocoon.SnapshotConfig{
 		Config: rec.Config.Config, ID: snapID, Hypervisor: b.kind.typ,
 		NICs: len(rec.NetworkConfigs), ImageBlobIDs: maps.Clone(rec.ImageBlobIDs),
-	}, tmpDir, nil
+	}, nil
 }
 
 // snapshotOps are the hypervisor's pause, resume and snapshot (into dir) calls.

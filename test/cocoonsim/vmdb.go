@@ -262,3 +262,32 @@ func (b *backend) deleteRecord(ctx context.Context, id string) error {
 		return nil
 	})
 }
+
+// unrecordSnapshot drops a snapshot ID from its VM again after the snapshot failed to persist;
+// best effort, as in cocoon (a leftover ID is cosmetic).
+func (b *backend) unrecordSnapshot(ctx context.Context, vmID, snapID string) {
+	if err := b.db.Update(ctx, func(idx *vmIndex) error {
+		if r := idx.VMs[vmID]; r != nil {
+			delete(r.SnapshotIDs, snapID)
+		}
+		return nil
+	}); err != nil {
+		b.log.with(b.kind.typ+".UnrecordSnapshot").Warnf("unrecord snapshot %s on %s: %v", snapID, vmID, err)
+	}
+}
+
+// finalizeRestore marks a restored VM running with the configuration its snapshot restored
+// (cocoon's FinalizeRestore).
+func (b *backend) finalizeRestore(ctx context.Context, id string, cfg cocoon.VMConfig) error {
+	now := time.Now()
+	return b.db.Update(ctx, func(idx *vmIndex) error {
+		r := idx.VMs[id]
+		if r == nil {
+			return fmt.Errorf("vm %s disappeared from index", id)
+		}
+		r.Config = cfg
+		r.State = cocoon.VMStateRunning
+		r.StartedAt, r.StoppedAt, r.UpdatedAt = &now, nil, now
+		return nil
+	})
+}

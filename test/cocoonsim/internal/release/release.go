@@ -42,6 +42,10 @@ type Profile struct {
 	// ends with a catch-all DHCP entry, RequiredForOnline sits under [Link], chpasswd sets root's
 	// password only); v0.3.8's otherwise (package nocloud).
 	CidataV05 bool
+	// Hibernate: the CLI has vm hibernate, and vm restore is v0.5's (SNAPSHOT or --from-dir,
+	// --restore-mode, --force; a running, stopped or error VM) and simulated (v0.5). v0.3.8's
+	// vm restore has other flags and is not simulated; it has no vm hibernate.
+	Hibernate bool
 	// LockRetry is how often a command retries a database flock another holds
 	// (lock/flock/flock.go): 100 ms in v0.3.8 and until April 2026, 2 ms in the v0.5 sources.
 	LockRetry time.Duration
@@ -49,7 +53,7 @@ type Profile struct {
 
 var profiles = map[string]Profile{
 	"0.3.8": {Version: "v0.3.8", CloneResizes: true, LockRetry: 100 * time.Millisecond},
-	"0.5.1": {Version: "v0.5.1", RestoreMode: true, Agent: true, ListJSONReconciled: true, StatusOnce: true, VhostUserFs: true, CidataV05: true, LockRetry: 2 * time.Millisecond},
+	"0.5.1": {Version: "v0.5.1", RestoreMode: true, Agent: true, ListJSONReconciled: true, StatusOnce: true, VhostUserFs: true, CidataV05: true, Hibernate: true, LockRetry: 2 * time.Millisecond},
 }
 
 // Current is the profile Env names.
