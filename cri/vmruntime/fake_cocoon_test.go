@@ -82,7 +82,7 @@ type fakeSnapshot struct {
 var (
 	capsV038 = cocoon.Capabilities{Version: "v0.3.8", CloneResize: true, CloneOnDemand: true}
 	capsV05  = cocoon.Capabilities{Version: "v0.5.1", Exec: true, CloneRestoreMode: true, ReseedMachineID: true,
-		DiskAttach: true, DeviceAttach: true, FsAttach: true, Hibernate: true}
+		DiskAttach: true, DeviceAttach: true, FsAttach: true, Hibernate: true, RestoreMode: true}
 )
 
 // fakeDeadPIDs numbers the hypervisors of the fake's VMs by default: above any pid_max (at most

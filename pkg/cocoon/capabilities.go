@@ -46,6 +46,8 @@ type Capabilities struct {
 	// hypervisor in one pause, and vm restore resumes it from that snapshot with the same identity
 	// and network (v0.5).
 	Hibernate bool
+	// RestoreMode: vm restore takes --restore-mode copy|ondemand|mmap.
+	RestoreMode bool
 }
 
 // Capabilities probes the binary once and caches the answer, shared by every client of that
@@ -265,6 +267,7 @@ func probeHelp(ctx context.Context, c *Client, version string) (Capabilities, er
 			return Capabilities{}, err
 		}
 		caps.Hibernate = strings.Contains(restore, "cocoon vm restore")
+		caps.RestoreMode = caps.Hibernate && hasFlag(restore, "restore-mode")
 	}
 	return caps, nil
 }

@@ -90,7 +90,7 @@ func TestCapabilitiesReadTheBinarysHelp(t *testing.T) {
 		t.Fatalf("v0.3.8: %+v %v, want %+v", caps, err, want)
 	}
 	current, dir := fakeCocoon(t, v05Probe()...)
-	want = Capabilities{Version: "v0.5.1", Exec: true, CloneRestoreMode: true, ReseedMachineID: true, DiskAttach: true, DeviceAttach: true, FsAttach: true, Hibernate: true}
+	want = Capabilities{Version: "v0.5.1", Exec: true, CloneRestoreMode: true, ReseedMachineID: true, DiskAttach: true, DeviceAttach: true, FsAttach: true, Hibernate: true, RestoreMode: true}
 	for range 3 {
 		if caps, err = current.Capabilities(context.Background()); err != nil || caps != want {
 			t.Fatalf("v0.5: %+v %v, want %+v", caps, err, want)
@@ -182,7 +182,7 @@ func TestCapabilitiesWaitNoLongerThanTheCallersContext(t *testing.T) {
 func TestCapabilitiesAreKeptAcrossRestarts(t *testing.T) {
 	c, dir := fakeCocoon(t, v05Probe()...)
 	c.opts.CapabilitiesFile = filepath.Join(t.TempDir(), "state", "cocoon-capabilities.json")
-	v05 := Capabilities{Version: "v0.5.1", Exec: true, CloneRestoreMode: true, ReseedMachineID: true, DiskAttach: true, DeviceAttach: true, FsAttach: true, Hibernate: true}
+	v05 := Capabilities{Version: "v0.5.1", Exec: true, CloneRestoreMode: true, ReseedMachineID: true, DiskAttach: true, DeviceAttach: true, FsAttach: true, Hibernate: true, RestoreMode: true}
 	calledBefore := 0
 	restart := func(what string, want Capabilities, wantCalls int) {
 		t.Helper()

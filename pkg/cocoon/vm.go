@@ -229,8 +229,14 @@ func (c *Client) VMHibernate(ctx context.Context, vm, name string) error {
 
 // VMRestore resumes a VM from one of its own snapshots in a new hypervisor process: the same VM ID,
 // network namespace, MAC and IP, the guest's memory and processes as saved. The memory is copied
-// (cocoon's default), so the snapshot may be removed afterwards.
+// (--restore-mode copy where cocoon has the flag: its default maps a plain snapshot's memory file,
+// which must then stay), so the snapshot may be removed afterwards.
 func (c *Client) VMRestore(ctx context.Context, vm, snapshot string) error {
-	_, err := c.run(ctx, call{args: []string{"vm", "restore", vm, snapshot}, timeout: transferTimeout, long: true})
+	caps, err := c.Capabilities(ctx)
+	if err != nil {
+		return fmt.Errorf("restore %s: %w", vm, err)
+	}
+	args := appendIf([]string{"vm", "restore"}, caps.RestoreMode, "--restore-mode", "copy")
+	_, err = c.run(ctx, call{args: append(args, vm, snapshot), timeout: transferTimeout, long: true})
 	return err
 }
