@@ -211,6 +211,10 @@ func (s *Server) keepVolumesInStep(ctx context.Context, sb *store.Sandbox, c *st
 			return
 		case <-tick.C:
 		}
+		// A hibernated guest takes the change once it wakes: the sync is not a use of the pod.
+		if cur, err := s.store.Containers.Get(c.ID); err == nil && cur.VM.Hibernation.Snapshot != "" {
+			continue
+		}
 		for _, vc := range synced {
 			err := s.syncVolume(ctx, sb, c, vc)
 			switch {
