@@ -185,6 +185,7 @@ func runDaemon(parent context.Context, o *options) error {
 	g := grpc.NewServer(grpc.ChainUnaryInterceptor(unary), grpc.ChainStreamInterceptor(stream))
 	router.Register(g)
 	vms.RegisterImport(g)
+	vms.RegisterPodControl(g)
 
 	// Logged before the first answer: whoever sees an answer finds this line (the addresses in it)
 	// already written. The listener queues connections meanwhile.

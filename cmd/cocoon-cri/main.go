@@ -50,6 +50,6 @@ func newRootCommand() *cobra.Command {
 	}
 	cmd.SetVersionTemplate("cocoon-cri {{.Version}}\n")
 	opts.addFlags(cmd)
-	cmd.AddCommand(newImageCommand(opts))
+	cmd.AddCommand(newImageCommand(opts), newPodCommand(opts))
 	return cmd
 }

@@ -135,7 +135,8 @@ func (s *Server) lookAtIdleVMs(ctx context.Context) (idle []string) {
 	watched := map[string]bool{}
 	for _, c := range s.store.Containers.List(func(c *store.Container) bool { return c.State == store.ContainerRunning }) {
 		sb, err := s.store.Sandboxes.Get(c.SandboxID)
-		if err != nil || sb.VM.HibernateAfter <= 0 {
+		// An operator may hibernate a pod without a period (cocoon-cri pod hibernate).
+		if err != nil || sb.VM.HibernateAfter <= 0 && !c.VM.Hibernated() {
 			continue
 		}
 		watched[c.ID] = true
@@ -401,6 +402,9 @@ func (s *Server) awaitTraffic(ctx context.Context, sb *store.Sandbox, c *store.C
 	}
 	watch := st.traffic
 	st.traffic = nil
+	// The wait outlives the call that hibernated the VM (an operator's RPC, one look at the VMs):
+	// it ends with a wake, the container's end, or the server's (Shutdown).
+	ctx = context.WithoutCancel(ctx)
 	waitCtx, cancel := context.WithCancel(ctx)
 	st.cancelWait = cancel
 	s.idle.mu.Unlock()
@@ -537,7 +541,7 @@ type hibernationInfo struct {
 }
 
 func (s *Server) hibernationInfo(sb *store.Sandbox, c *store.Container) *hibernationInfo {
-	if sb.VM.HibernateAfter <= 0 {
+	if sb.VM.HibernateAfter <= 0 && c.VM.Hibernation.Snapshot == "" {
 		return nil
 	}
 	info := &hibernationInfo{After: sb.VM.HibernateAfter.String(), Hibernated: c.VM.Hibernated(), Snapshot: c.VM.Hibernation.Snapshot}

@@ -4,9 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"google.golang.org/grpc/codes"
 	grpcstatus "google.golang.org/grpc/status"
@@ -427,4 +432,69 @@ func TestHibernateAfterAnnotation(t *testing.T) {
 	if sb, err := run("default", false); err != nil || sb.VM.HibernateAfter != time.Hour {
 		t.Errorf("without the annotation: %v, %v; want the node's --hibernate-after", sb, err)
 	}
+}
+
+// An operator hibernates and wakes a pod without a period, through the admin service on a real
+// gRPC server; a packet wakes it as it wakes any hibernated pod.
+func TestOperatorHibernatesAndWakesAPod(t *testing.T) {
+	n := newFakeNode(t, Config{})
+	n.cocoon.setCaps(capsV05)
+	sandboxID, containerID := n.runningPod("ops")
+	settle(n.s)
+
+	sock := filepath.Join(t.TempDir(), "cri.sock")
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	n.s.RegisterPodControl(g)
+	go func() { _ = g.Serve(lis) }()
+	t.Cleanup(g.Stop)
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx := context.Background()
+
+	if id, err := HibernatePod(ctx, conn, "default/ops"); err != nil || id != containerID {
+		t.Fatalf("hibernate: %q, %v", id, err)
+	}
+	if c := n.container(containerID); !c.VM.Hibernated() || c.State != store.ContainerRunning {
+		t.Fatalf("after the operator's hibernate: %+v", c)
+	}
+	if info := n.hibernationInfo(containerID); info == nil || !info.Hibernated {
+		t.Fatalf("inspect shows %+v", info)
+	}
+	// Again: nothing to do.
+	if _, err := HibernatePod(ctx, conn, sandboxID[:12]); err != nil {
+		t.Fatalf("a second hibernate: %v", err)
+	}
+	if id, err := WakePod(ctx, conn, sandboxID); err != nil || id != containerID || n.container(containerID).VM.Hibernated() {
+		t.Fatalf("wake: %q, %v", id, err)
+	}
+
+	// A pod without a period still wakes on traffic.
+	if _, err := HibernatePod(ctx, conn, "default/ops"); err != nil {
+		t.Fatal(err)
+	}
+	vmNetNS := n.container(containerID).VM.NetNS
+	n.look(time.Second)
+	eventually(t, "a wait for the pod's traffic", func() bool { return n.net.waitingFor(vmNetNS) > 0 })
+	n.net.packet(vmNetNS)
+	eventually(t, "the wake on traffic", func() bool { return !n.container(containerID).VM.Hibernated() })
+
+	for pod, code := range map[string]codes.Code{"": codes.InvalidArgument, "default/nobody": codes.NotFound, "ffffffffffff": codes.NotFound} {
+		_, err := HibernatePod(ctx, conn, pod)
+		wantCode(t, err, code)
+	}
+	n.cocoon.setCaps(capsV038)
+	_, err = HibernatePod(ctx, conn, "default/ops")
+	wantCode(t, err, codes.FailedPrecondition)
+	if _, err := n.s.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: containerID}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = WakePod(ctx, conn, "default/ops")
+	wantCode(t, err, codes.FailedPrecondition)
 }
