@@ -317,10 +317,7 @@ func TestRestartsAroundHibernation(t *testing.T) {
 		n := restartNode(t)
 		_, containerID := n.runningPod("sleepy")
 		n.idleUntilHibernated(containerID)
-		n.restart()
-		if err := n.s.Recover(context.Background()); err != nil {
-			t.Fatal(err)
-		}
+		n.restartAndRecover()
 		c := n.container(containerID)
 		if c.State != store.ContainerRunning || !c.VM.Hibernated() {
 			t.Fatalf("after the restart: %+v", c)
@@ -338,16 +335,7 @@ func TestRestartsAroundHibernation(t *testing.T) {
 		if err := n.cocoon.VMHibernate(context.Background(), c.VM.ID, "cri-hib-cut"); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := n.st.Containers.Modify(containerID, func(r *store.Container) error {
-			r.VM.Hibernation.Snapshot = "cri-hib-cut"
-			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
-		n.restart()
-		if err := n.s.Recover(context.Background()); err != nil {
-			t.Fatal(err)
-		}
+		n.crashAfterRecording(containerID, "cri-hib-cut")
 		if c := n.container(containerID); c.State != store.ContainerRunning || !c.VM.Hibernated() || c.VM.PID != 0 {
 			t.Fatalf("a hibernation cocoon finished: %+v", c)
 		}
@@ -355,16 +343,7 @@ func TestRestartsAroundHibernation(t *testing.T) {
 	t.Run("a hibernation cut short before cocoon's", func(t *testing.T) {
 		n := restartNode(t)
 		_, containerID := n.runningPod("early")
-		if _, err := n.st.Containers.Modify(containerID, func(r *store.Container) error {
-			r.VM.Hibernation.Snapshot = "cri-hib-early"
-			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
-		n.restart()
-		if err := n.s.Recover(context.Background()); err != nil {
-			t.Fatal(err)
-		}
+		n.crashAfterRecording(containerID, "cri-hib-early")
 		if c := n.container(containerID); c.State != store.ContainerRunning || c.VM.Hibernation.Snapshot != "" {
 			t.Fatalf("a hibernation that never happened: %+v", c)
 		}
@@ -377,16 +356,34 @@ func TestRestartsAroundHibernation(t *testing.T) {
 		if err := n.cocoon.VMRestore(context.Background(), c.VM.ID, c.VM.Hibernation.Snapshot); err != nil {
 			t.Fatal(err)
 		}
-		n.restart()
-		if err := n.s.Recover(context.Background()); err != nil {
-			t.Fatal(err)
-		}
+		n.restartAndRecover()
 		c = n.container(containerID)
 		vm, _ := n.cocoon.vm(c.VM.ID)
 		if c.State != store.ContainerRunning || c.VM.Hibernated() || c.VM.PID != vm.PID || len(hibernationSnapshots(n.cocoon)) != 0 {
 			t.Fatalf("after a wake cut short: %+v, VM %+v, snapshots %q", c, vm, n.cocoon.snapshotNames())
 		}
 	})
+}
+
+// crashAfterRecording plays a crash of cocoon-cri once it recorded a hibernation into snapshot,
+// then its restart.
+func (n *fakeNode) crashAfterRecording(containerID, snapshot string) {
+	n.t.Helper()
+	if _, err := n.st.Containers.Modify(containerID, func(r *store.Container) error {
+		r.VM.Hibernation.Snapshot = snapshot
+		return nil
+	}); err != nil {
+		n.t.Fatal(err)
+	}
+	n.restartAndRecover()
+}
+
+func (n *fakeNode) restartAndRecover() {
+	n.t.Helper()
+	n.restart()
+	if err := n.s.Recover(context.Background()); err != nil {
+		n.t.Fatal(err)
+	}
 }
 
 // A wake that fails leaves the VM hibernated and the use refused with Unavailable.

@@ -442,13 +442,21 @@ const kubeletMaxMessage = 16 << 20
 // kubelet's message size limits.
 func (n *node) clients() (runtimeapi.RuntimeServiceClient, runtimeapi.ImageServiceClient) {
 	n.t.Helper()
+	conn := n.conn()
+	return runtimeapi.NewRuntimeServiceClient(conn), runtimeapi.NewImageServiceClient(conn)
+}
+
+// conn is a gRPC connection to the daemon's socket, as the kubelet opens one, closed at the
+// test's end.
+func (n *node) conn() *grpc.ClientConn {
+	n.t.Helper()
 	conn, err := grpc.NewClient("unix://"+n.socket, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(kubeletMaxMessage), grpc.MaxCallSendMsgSize(kubeletMaxMessage)))
 	if err != nil {
 		n.t.Fatal(err)
 	}
 	n.t.Cleanup(func() { conn.Close() })
-	return runtimeapi.NewRuntimeServiceClient(conn), runtimeapi.NewImageServiceClient(conn)
+	return conn
 }
 
 // execOutput runs a command and returns its stdout; the error carries stderr.

@@ -290,20 +290,29 @@ func TestAttachFeedsTheCommandsStdin(t *testing.T) {
 	}
 }
 
+// portForward runs crictl port-forward to the pod from the node, until stop or the test's end;
+// its output is kept for failures.
+func (n *node) portForward(podID, ports string) (stop func(), out *syncio.Tail) {
+	n.t.Helper()
+	fwd := exec.Command("nsenter", "--net="+n.nodeNS, "--", bins.crictl, "--runtime-endpoint", "unix://"+n.socket, "port-forward", podID, ports)
+	fwd.Env = append(os.Environ(), "CRI_CONFIG_FILE="+os.DevNull)
+	out = &syncio.Tail{Max: 1 << 20}
+	fwd.Stdout, fwd.Stderr = out, out
+	if err := fwd.Start(); err != nil {
+		n.t.Fatal(err)
+	}
+	stop = sync.OnceFunc(func() { _ = fwd.Process.Kill(); _ = fwd.Wait() })
+	n.t.Cleanup(stop)
+	return stop, out
+}
+
 // TestPortForwardReachesTheGuest: crictl port-forward to the pod's port 80, and HTTP GETs
 // through it, one and then many at once (each connection is a stream of its own).
 func TestPortForwardReachesTheGuest(t *testing.T) {
 	n := newNode(t)
 	n.importImage(snapRef, n.snapshotImage("web", testimage.SnapshotOptions{Guest: guest.Spec{HTTPPort: 80}}))
 	podID, _, _ := n.runningPod("web", snapRef)
-	fwd := exec.Command("nsenter", "--net="+n.nodeNS, "--", bins.crictl, "--runtime-endpoint", "unix://"+n.socket, "port-forward", podID, "18080:80")
-	fwd.Env = append(os.Environ(), "CRI_CONFIG_FILE="+os.DevNull)
-	fwdOut := &syncio.Tail{Max: 1 << 20}
-	fwd.Stdout, fwd.Stderr = fwdOut, fwdOut
-	if err := fwd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = fwd.Process.Kill(); _ = fwd.Wait() })
+	_, fwdOut := n.portForward(podID, "18080:80")
 	var body string
 	var err error
 	deadline := time.Now().Add(60 * time.Second)

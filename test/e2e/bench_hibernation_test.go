@@ -1,0 +1,118 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/cocoonstack/cocoon-cri/cri/vmruntime"
+)
+
+const (
+	// wakeRuns is how many wakes the hibernation benchmark times.
+	wakeRuns = 10
+	// idlePods is how many idle pods' memory it adds up, awake and hibernated.
+	idlePods = 100
+)
+
+// TestBenchmarkHibernation measures hibernation: an exec on a hibernated pod until it answers
+// against one on an awake pod, the wake inside it (`cocoon vm restore`) against a clone's `vm
+// clone`, the hibernation itself, and the memory the hypervisors of idlePods idle pods hold awake
+// and hibernated. Targets: a wake within 20 ms of a clone's own time; a hibernated pod's
+// hypervisor memory zero.
+func TestBenchmarkHibernation(t *testing.T) {
+	out := benchDir(t)
+	n := newNode(t, "--metrics-addr", "127.0.0.1:0")
+	n.withSnapshot()
+	rt, _ := n.clients()
+	conn := n.conn()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	pod, ctr, _ := n.runningPod("sleepy", snapRef)
+	exec := func() time.Duration {
+		start := time.Now()
+		if _, err := rt.ExecSync(ctx, &runtimeapi.ExecSyncRequest{ContainerId: ctr, Cmd: []string{"true"}, Timeout: 60}); err != nil {
+			t.Fatal(err)
+		}
+		return time.Since(start)
+	}
+	exec() // the guest is set up
+
+	restoreSeries := `cocoon_cri_cocoon_call_duration_seconds_sum{subcommand="vm restore"}`
+	hibernateSeries := `cocoon_cri_cocoon_call_duration_seconds_sum{subcommand="vm hibernate"}`
+	cloneSeries := `cocoon_cri_cocoon_call_duration_seconds_sum{subcommand="vm clone"}`
+	var awakeExec, wakeExec, restore, hibernate, clone []time.Duration
+	for i := range wakeRuns {
+		awakeExec = append(awakeExec, exec())
+		before := n.scrapeMetrics()
+		if _, err := vmruntime.HibernatePod(ctx, conn, pod); err != nil {
+			t.Fatal(err)
+		}
+		mid := n.scrapeMetrics()
+		hibernate = append(hibernate, secondsBetween(before, mid, hibernateSeries))
+		wakeExec = append(wakeExec, exec())
+		restore = append(restore, secondsBetween(mid, n.scrapeMetrics(), restoreSeries))
+
+		before = n.scrapeMetrics()
+		timedPlainStart(ctx, t, n, rt, i)
+		clone = append(clone, secondsBetween(before, n.scrapeMetrics(), cloneSeries))
+	}
+
+	// Idle pods: their hypervisors' memory awake, then hibernated.
+	var ctrs, pods []string
+	for i := range idlePods {
+		p, c, _ := n.runningPod(fmt.Sprintf("idle-%d", i), snapRef)
+		pods, ctrs = append(pods, p), append(ctrs, c)
+	}
+	for _, c := range ctrs {
+		if _, err := rt.ExecSync(ctx, &runtimeapi.ExecSyncRequest{ContainerId: c, Cmd: []string{"true"}, Timeout: 60}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	awakeMemory := workingSet(ctx, t, rt)
+	for _, p := range pods {
+		if _, err := vmruntime.HibernatePod(ctx, conn, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hibernatedMemory := workingSet(ctx, t, rt)
+
+	var b strings.Builder
+	b.WriteString("## Hibernation\n\n")
+	fmt.Fprintf(&b, "%d wakes of a VM pod hibernated by `cocoon-cri pod hibernate`, each by an ExecSync, against an ExecSync on the "+
+		"awake pod and a plain pod's `vm clone`; then the hypervisors' memory (working set, as `kubectl top` reads it) of %d "+
+		"idle pods awake and hibernated. Medians, in ms. Targets: a wake within 20 ms of a clone's own time; a hibernated "+
+		"pod's hypervisor memory zero.\n\n", wakeRuns, idlePods)
+	b.WriteString("| figure | value |\n|---|---|\n")
+	fmt.Fprintf(&b, "| ExecSync, awake | %s |\n", ms(quantile(awakeExec, 0.5)))
+	fmt.Fprintf(&b, "| ExecSync, hibernated (the wake included) | %s |\n", ms(quantile(wakeExec, 0.5)))
+	fmt.Fprintf(&b, "| `vm restore` within it | %s |\n", ms(quantile(restore, 0.5)))
+	fmt.Fprintf(&b, "| `vm clone` of a plain pod | %s |\n", ms(quantile(clone, 0.5)))
+	fmt.Fprintf(&b, "| `vm hibernate` | %s |\n", ms(quantile(hibernate, 0.5)))
+	fmt.Fprintf(&b, "| %d idle pods awake, hypervisor memory | %.1f MiB |\n", idlePods, float64(awakeMemory)/(1<<20))
+	fmt.Fprintf(&b, "| %d idle pods hibernated, hypervisor memory | %.1f MiB |\n", idlePods, float64(hibernatedMemory)/(1<<20))
+	if err := os.WriteFile(filepath.Join(out, "hibernation.md"), []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Log(b.String())
+}
+
+// workingSet adds up the working set of every container the runtime reports.
+func workingSet(ctx context.Context, t *testing.T, rt runtimeapi.RuntimeServiceClient) uint64 {
+	t.Helper()
+	resp, err := rt.ListContainerStats(ctx, &runtimeapi.ListContainerStatsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum uint64
+	for _, s := range resp.GetStats() {
+		sum += s.GetMemory().GetWorkingSetBytes().GetValue()
+	}
+	return sum
+}

@@ -1,0 +1,125 @@
+package e2e
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cocoonstack/cocoon-cri/cri/vmruntime"
+	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
+	"github.com/cocoonstack/cocoon-cri/test/testimage"
+)
+
+// waitHibernated waits until the container's VM hibernated, as crictl inspect shows it, and
+// returns what it shows.
+func (n *node) waitHibernated(ctrID string) map[string]any {
+	n.t.Helper()
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		info := n.inspect("inspect", ctrID)
+		if field(info, "info", "hibernation", "hibernated") == true {
+			return info
+		}
+		if time.Now().After(deadline) {
+			n.t.Fatalf("container %s never hibernated: %v", ctrID, field(info, "info", "hibernation"))
+		}
+	}
+}
+
+// awake says whether crictl inspect shows the container's VM awake.
+func (n *node) awake(ctrID string) bool {
+	n.t.Helper()
+	return field(n.inspect("inspect", ctrID), "info", "hibernation", "hibernated") == false
+}
+
+// httpGetUntil GETs url from the node until the answer contains want; a hibernated guest's first
+// packet wakes it, and TCP's retransmission reaches the woken one.
+func (n *node) httpGetUntil(url, want string) {
+	n.t.Helper()
+	var status int
+	var body string
+	var err error
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(300 * time.Millisecond) {
+		status, body, err = n.httpGetInNode(url)
+		if err == nil && status == http.StatusOK && strings.Contains(body, want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			n.t.Fatalf("GET %s: %d %q %v", url, status, body, err)
+		}
+	}
+}
+
+// TestIdlePodHibernatesAndWakesOnUse: a pod asking to hibernate after 2 s of idleness gives up its
+// hypervisor while its container stays RUNNING, and wakes with its memory on a TCP connection to
+// its IP, an exec, a port-forward and after a restart of cocoon-cri; its removal leaves nothing in
+// cocoon.
+func TestIdlePodHibernatesAndWakesOnUse(t *testing.T) {
+	n := newNode(t)
+	n.importImage(snapRef, n.snapshotImage("web", testimage.SnapshotOptions{Guest: guest.Spec{HTTPPort: 80}}))
+	pod := n.podConfig("sleepy", "uid-sleepy")
+	pod.Annotations[vmruntime.AnnotationHibernateAfter] = "2s"
+	podFile := n.configFile("sleepy-pod.json", pod)
+	podID := n.mustCrictl("runp", "--runtime", "cocoon", podFile)
+	ctr := n.mustCrictl("create", "--no-pull", podID, n.configFile("sleepy-ctr.json", containerConfig("app", snapRef)), podFile)
+	n.mustCrictl("start", ctr)
+	n.mustCrictl("exec", ctr, "sh", "-c", "echo kept > /dev/shm/state")
+	pid := n.vmPID(ctr)
+
+	info := n.waitHibernated(ctr)
+	if state := field(info, "status", "state"); state != "CONTAINER_RUNNING" {
+		t.Fatalf("a hibernated container is %v", state)
+	}
+	if processAlive(pid) {
+		t.Fatalf("the hypervisor (PID %d) of a hibernated VM still runs", pid)
+	}
+	snap, _ := field(info, "info", "hibernation", "snapshot").(string)
+	if snaps, _ := n.cocoon("snapshot", "list", "-o", "json"); snap == "" || !strings.Contains(snaps, snap) {
+		t.Fatalf("the hibernation's snapshot %q is not in cocoon: %s", snap, snaps)
+	}
+
+	// A TCP connection to the pod IP wakes it; the guest goes on with its memory.
+	ip := n.podIP(podID)
+	n.httpGetUntil(fmt.Sprintf("http://%s/", ip), "sleepy")
+	if !n.awake(ctr) {
+		t.Fatal("the guest answered, but inspect shows it hibernated")
+	}
+	if out := n.mustCrictl("exec", ctr, "cat", "/dev/shm/state"); out != "kept" {
+		t.Fatalf("the guest woken by traffic has %q in its tmpfs", out)
+	}
+
+	// Idle again, it hibernates again; an exec wakes it.
+	n.waitHibernated(ctr)
+	if out := n.mustCrictl("exec", ctr, "sh", "-c", "cat /dev/shm/state; hostname"); out != "kept\nsleepy" {
+		t.Fatalf("the guest woken by exec: %q", out)
+	}
+
+	// And a port-forward.
+	n.waitHibernated(ctr)
+	stopForward, _ := n.portForward(podID, "18081:80")
+	n.httpGetUntil("http://127.0.0.1:18081/", "sleepy")
+	stopForward()
+
+	// A restart of cocoon-cri while it hibernates loses nothing.
+	n.waitHibernated(ctr)
+	n.stop()
+	n.start()
+	if n.awake(ctr) {
+		t.Fatal("the restart woke the VM, or forgot it hibernated")
+	}
+	if out := n.mustCrictl("exec", ctr, "cat", "/dev/shm/state"); out != "kept" {
+		t.Fatalf("the guest woken after a restart: %q", out)
+	}
+
+	// Removed while it hibernates, the pod leaves nothing in cocoon.
+	n.waitHibernated(ctr)
+	n.mustCrictl("stopp", podID)
+	n.mustCrictl("rmp", podID)
+	if vms, _ := n.cocoon("vm", "list", "-o", "json"); strings.Contains(vms, "cri-") {
+		t.Fatalf("VMs left after the removal: %s", vms)
+	}
+	if snaps, _ := n.cocoon("snapshot", "list", "-o", "json"); strings.Contains(snaps, "cri-hib-") {
+		t.Fatalf("a hibernation's snapshot left after the removal: %s", snaps)
+	}
+}
