@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -75,13 +76,13 @@ func TestBenchmarkHibernation(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	awakeMemory := workingSet(ctx, t, rt)
+	awakeMemory := workingSet(ctx, t, rt, ctrs)
 	for _, p := range pods {
 		if _, err := vmruntime.HibernatePod(ctx, conn, p); err != nil {
 			t.Fatal(err)
 		}
 	}
-	hibernatedMemory := workingSet(ctx, t, rt)
+	hibernatedMemory := workingSet(ctx, t, rt, ctrs)
 
 	var b strings.Builder
 	b.WriteString("## Hibernation\n\n")
@@ -103,8 +104,8 @@ func TestBenchmarkHibernation(t *testing.T) {
 	t.Log(b.String())
 }
 
-// workingSet adds up the working set of every container the runtime reports.
-func workingSet(ctx context.Context, t *testing.T, rt runtimeapi.RuntimeServiceClient) uint64 {
+// workingSet adds up the working set the runtime reports for the containers.
+func workingSet(ctx context.Context, t *testing.T, rt runtimeapi.RuntimeServiceClient, ctrs []string) uint64 {
 	t.Helper()
 	resp, err := rt.ListContainerStats(ctx, &runtimeapi.ListContainerStatsRequest{})
 	if err != nil {
@@ -112,7 +113,9 @@ func workingSet(ctx context.Context, t *testing.T, rt runtimeapi.RuntimeServiceC
 	}
 	var sum uint64
 	for _, s := range resp.GetStats() {
-		sum += s.GetMemory().GetWorkingSetBytes().GetValue()
+		if slices.Contains(ctrs, s.GetAttributes().GetId()) {
+			sum += s.GetMemory().GetWorkingSetBytes().GetValue()
+		}
 	}
 	return sum
 }
