@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"net/http"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -107,6 +108,13 @@ func TestIdlePodHibernatesAndWakesOnUse(t *testing.T) {
 	n.start()
 	if n.awake(ctr) {
 		t.Fatal("the restart woke the VM, or forgot it hibernated")
+	}
+	// The operator wakes it.
+	if out, err := exec.Command(bins.cocoonCRI, "--socket", n.socket, "pod", "wake", "default/sleepy").CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != ctr {
+		t.Fatalf("cocoon-cri pod wake: %v: %s", err, out)
+	}
+	if !n.awake(ctr) {
+		t.Fatal("cocoon-cri pod wake left the VM hibernated")
 	}
 	if out := n.mustCrictl("exec", ctr, "cat", "/dev/shm/state"); out != "kept" {
 		t.Fatalf("the guest woken after a restart: %q", out)
