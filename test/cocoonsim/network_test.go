@@ -459,11 +459,12 @@ func (lab *netLab) checkNoNetworkLeft() {
 func TestCNIHibernateRestoreKeepsTheGuestOnItsAddress(t *testing.T) {
 	requireTool(t, "mkfs.ext4")
 	lab := newNetLab(t, labOptions{})
-	lab.seedImage("img", guest.Spec{})
+	lab.seedImage("img", guest.Spec{HTTPPort: 80})
 	vm := lab.runVM("img", "db", "--cpu", "1")
 	nc := vm.NetworkConfigs[0]
 	ip := nc.Network.IP
 	lab.mustProbe(lab.ns, ip, "db "+ip)
+	lab.mustGetPage("http://"+ip+"/", "db", ip)
 
 	lab.ok("vm", "hibernate", "--name", "nap", "db")
 	lab.ok("vm", "restore", "db", "nap")
@@ -475,6 +476,7 @@ func TestCNIHibernateRestoreKeepsTheGuestOnItsAddress(t *testing.T) {
 		t.Fatal("the restored hypervisor does not run in the VM's netns")
 	}
 	lab.mustProbe(lab.ns, ip, "db "+ip)
+	lab.mustGetPage("http://"+ip+"/", "db", ip)
 	if got := lab.neighbourMAC(ip); got != nc.Mac {
 		t.Fatalf("after restore the neighbour table has %q, want %s", got, nc.Mac)
 	}
@@ -497,6 +499,7 @@ func TestCNIHibernateRestoreKeepsTheGuestOnItsAddress(t *testing.T) {
 		t.Fatalf("recovery changed the NICs or the netns: %+v", recovered.NetworkConfigs[0])
 	}
 	lab.mustProbe(lab.ns, ip, "db "+ip)
+	lab.mustGetPage("http://"+ip+"/", "db", ip)
 	if got := lab.neighbourMAC(ip); got != nc.Mac {
 		t.Fatalf("after recovery the neighbour table has %q, want %s", got, nc.Mac)
 	}
