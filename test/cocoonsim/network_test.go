@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -458,11 +459,12 @@ func (lab *netLab) checkNoNetworkLeft() {
 func TestCNIHibernateRestoreKeepsTheGuestOnItsAddress(t *testing.T) {
 	requireTool(t, "mkfs.ext4")
 	lab := newNetLab(t, labOptions{})
-	lab.seedImage("img", guest.Spec{})
+	lab.seedImage("img", guest.Spec{HTTPPort: 80})
 	vm := lab.runVM("img", "db", "--cpu", "1")
 	nc := vm.NetworkConfigs[0]
 	ip := nc.Network.IP
 	lab.mustProbe(lab.ns, ip, "db "+ip)
+	lab.mustGetPage("http://"+ip+"/", "db", ip)
 
 	lab.ok("vm", "hibernate", "--name", "nap", "db")
 	lab.ok("vm", "restore", "db", "nap")
@@ -474,6 +476,7 @@ func TestCNIHibernateRestoreKeepsTheGuestOnItsAddress(t *testing.T) {
 		t.Fatal("the restored hypervisor does not run in the VM's netns")
 	}
 	lab.mustProbe(lab.ns, ip, "db "+ip)
+	lab.mustGetPage("http://"+ip+"/", "db", ip)
 	if got := lab.neighbourMAC(ip); got != nc.Mac {
 		t.Fatalf("after restore the neighbour table has %q, want %s", got, nc.Mac)
 	}
@@ -496,9 +499,60 @@ func TestCNIHibernateRestoreKeepsTheGuestOnItsAddress(t *testing.T) {
 		t.Fatalf("recovery changed the NICs or the netns: %+v", recovered.NetworkConfigs[0])
 	}
 	lab.mustProbe(lab.ns, ip, "db "+ip)
+	lab.mustGetPage("http://"+ip+"/", "db", ip)
 	if got := lab.neighbourMAC(ip); got != nc.Mac {
 		t.Fatalf("after recovery the neighbour table has %q, want %s", got, nc.Mac)
 	}
 	lab.ok("vm", "rm", "--force", "db")
+	lab.checkNoNetworkLeft()
+}
+
+// mustGetPage GETs the guest's web page at url and checks it names the guest's hostname and the
+// address it was reached at.
+func (lab *netLab) mustGetPage(url, hostname, ip string) {
+	lab.t.Helper()
+	code, body := lab.httpGet(lab.t, url)
+	if code != http.StatusOK || !strings.Contains(body, "<h1>cocoon-sim guest "+hostname+"</h1>") || !strings.Contains(body, "reached at "+ip+"<") {
+		lab.t.Fatalf("GET %s: %d %q, want the page of %s reached at %s", url, code, body, hostname, ip)
+	}
+}
+
+// A hibernated VM comes back as its guest was, not as it booted: cocoon-cri gives a clone its pod
+// address, route and hostname through vm exec, and the woken guest answers there, from its web
+// server, under that hostname, as cloud-hypervisor restores the guest's kernel and processes.
+func TestHibernateRestoreKeepsTheNetworkTheGuestWasGiven(t *testing.T) {
+	requireTool(t, "mkfs.ext4")
+	requireTool(t, "ip")
+	lab := newNetLab(t, labOptions{})
+	lab.seedImage("img", guest.Spec{HTTPPort: 80})
+	src := lab.runVM("img", "src", "--cpu", "1")
+	srcIP := src.NetworkConfigs[0].Network.IP
+	lab.ok("snapshot", "save", "--name", "snap", "src")
+	lab.ok("vm", "rm", "--force", "src")
+
+	clone := lab.clone("snap", "copy")
+	nc := clone.NetworkConfigs[0].Network
+	lab.inGuest("copy", "sh", "-c", fmt.Sprintf(`set -e
+for d in /sys/class/net/*; do [ "$(cat $d/address)" = %s ] && dev=${d##*/}; done
+ip link set "$dev" up
+ip addr flush dev "$dev"
+ip addr add %s/%d dev "$dev"
+ip addr add 192.0.2.7/32 dev "$dev"
+ip route replace default via %s dev "$dev"
+hostname copy`, clone.NetworkConfigs[0].Mac, nc.IP, nc.Prefix, nc.Gateway))
+	lab.mustGetPage("http://"+nc.IP+"/", "copy", nc.IP)
+	before := lab.inGuest("copy", "sh", "-c", "ip -4 -o addr show dev eth0 | awk '{print $4}'; ip -4 route show default; ip -o link show dev eth0 | grep -o 'link/ether [^ ]*'")
+
+	lab.ok("vm", "hibernate", "--name", "nap", "copy")
+	lab.ok("vm", "restore", "copy", "nap")
+	lab.mustGetPage("http://"+nc.IP+"/", "copy", nc.IP)
+	lab.mustProbe(lab.ns, nc.IP, "copy "+nc.IP)
+	if got := lab.inGuest("copy", "sh", "-c", "ip -4 -o addr show dev eth0 | awk '{print $4}'; ip -4 route show default; ip -o link show dev eth0 | grep -o 'link/ether [^ ]*'"); got != before {
+		t.Fatalf("the restored guest's network:\n%s\nbefore the hibernation:\n%s", got, before)
+	}
+	if got, err := lab.probe(srcIP); err == nil {
+		t.Fatalf("the snapshot's address answers again after the restore: %q", got)
+	}
+	lab.ok("vm", "rm", "--force", "copy")
 	lab.checkNoNetworkLeft()
 }

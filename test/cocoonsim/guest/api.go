@@ -237,7 +237,10 @@ func (v *vmm) writeSnapshot(dir string) error {
 func (v *vmm) guestState() (snapshotState, error) {
 	netState := v.restoredNet
 	if v.os != nil {
-		netState = v.os.network()
+		var err error
+		if netState, err = v.os.network(); err != nil {
+			return snapshotState{}, err
+		}
 	}
 	machineID, err := readMachineID(v.runDir)
 	if err != nil {

@@ -21,15 +21,23 @@ import (
 // cidataFile is the cloud-init seed cocoon writes for cloud images (package nocloud).
 const cidataFile = "cidata.img"
 
-// ipv4Config is the static IPv4 configuration the guest gives one interface.
+// ipv4Config is the IPv4 configuration the guest gives one interface.
 type ipv4Config struct {
 	Address string `json:"address"` // CIDR, "10.88.0.5/24"
 	Gateway string `json:"gateway,omitempty"`
+	// Extra are further addresses (CIDR) the guest gave the interface after Address.
+	Extra []string `json:"extra,omitempty"`
+	// Mac, when set, is the address the guest gave the interface in place of its NIC's.
+	Mac string `json:"mac,omitempty"`
+	// Down: the guest took the interface down.
+	Down bool `json:"down,omitempty"`
 }
 
 // guestNetwork is the guest OS's own idea of its network: its hostname, DNS servers and the
-// static configuration of each interface (eth<i>), settled at boot from what the hypervisor
-// handed it.
+// configuration of each interface (eth<i>), settled at boot from what the hypervisor handed it
+// and changed since by whatever ran in the guest (ip, hostname: cocoon-cri gives a clone its pod
+// address that way). A snapshot takes it from the running guest as it is then (its kernel state:
+// addresses, default route, MAC, link state, hostname).
 // It is guest state: a snapshot keeps it and a restored guest goes on using it, whatever NICs it
 // is given afterwards (cocoon's "post-clone IP conflict window"). Interfaces without an entry
 // are left unconfigured, as a guest waiting for DHCP.

@@ -34,7 +34,7 @@ func (nullOS) plug(*nic) error                 { return nil }
 func (nullOS) unplug(string)                   {}
 func (nullOS) plugDisk(Disk) (string, error)   { return "vdb", nil }
 func (nullOS) unplugDisk(string, string) error { return nil }
-func (nullOS) network() guestNetwork           { return guestNetwork{} }
+func (nullOS) network() (guestNetwork, error)  { return guestNetwork{}, nil }
 func (nullOS) stop()                           {}
 
 func (g nullOS) connectVsock(port uint32, conn *net.UnixConn) {

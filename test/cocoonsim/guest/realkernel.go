@@ -88,7 +88,7 @@ func (q *qemuOS) plugDisk(Disk) (string, error) {
 }
 func (q *qemuOS) unplugDisk(string, string) error { return nil }
 
-func (q *qemuOS) network() guestNetwork { return q.net }
+func (q *qemuOS) network() (guestNetwork, error) { return q.net, nil }
 
 // stop ends the guest at once (vm.shutdown, or the VM going away); the hypervisor process goes on.
 func (q *qemuOS) stop() {

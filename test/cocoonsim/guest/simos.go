@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"io/fs"
 	"log"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
+	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,6 +20,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/internal/nsthread"
 )
@@ -34,8 +38,8 @@ type guestOS interface {
 	// unplugDisk takes it away again.
 	plugDisk(d Disk) (string, error)
 	unplugDisk(dev, serial string) error
-	// network is the guest's network state, which a snapshot keeps.
-	network() guestNetwork
+	// network is the guest's network state as it is now, which a snapshot keeps.
+	network() (guestNetwork, error)
 	// stop ends the guest; the hypervisor process goes on.
 	stop()
 }
@@ -207,7 +211,124 @@ func (s *simulatedOS) unplug(id string) {
 	}
 }
 
-func (s *simulatedOS) network() guestNetwork { return s.netState }
+// network reads the guest's network state from its kernel, as a snapshot of its memory would keep
+// it: the hostname, and for each plugged interface its IPv4 addresses, default gateway, MAC (when
+// the guest changed it) and whether it is up. Interfaces the guest has no NIC for keep the
+// configuration the guest booted with, for a NIC plugged later.
+func (s *simulatedOS) network() (guestNetwork, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	hostname, err := s.hostname()
+	if err != nil {
+		return guestNetwork{}, err
+	}
+	gn := guestNetwork{Hostname: hostname, DNS: s.netState.DNS, Interfaces: maps.Clone(s.netState.Interfaces)}
+	if gn.Interfaces == nil {
+		gn.Interfaces = map[string]ipv4Config{}
+	}
+	err = s.inGuest(func(h *netlink.Handle) error {
+		gateways, err := defaultGateways(h)
+		if err != nil {
+			return err
+		}
+		for _, l := range s.links {
+			c, err := interfaceState(h, l.ifName, l.dev.net.Mac, gateways)
+			if err != nil {
+				return err
+			}
+			gn.Interfaces[l.ifName] = c
+		}
+		return nil
+	})
+	if err != nil {
+		return guestNetwork{}, fmt.Errorf("read the guest's network state: %w", err)
+	}
+	return gn, nil
+}
+
+// hostname is the guest's hostname, read in its UTS namespace. The thread that enters it is
+// thrown away afterwards.
+func (s *simulatedOS) hostname() (string, error) {
+	type result struct {
+		name string
+		err  error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		// Never unlocked: the thread ends with the goroutine, and the guest's namespace with it.
+		runtime.LockOSThread()
+		ch <- func() result {
+			fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/uts", s.proc.Process.Pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return result{err: fmt.Errorf("the guest's UTS namespace: %w", err)}
+			}
+			defer unix.Close(fd) //nolint:errcheck
+			if err := unix.Setns(fd, unix.CLONE_NEWUTS); err != nil {
+				return result{err: fmt.Errorf("enter the guest's UTS namespace: %w", err)}
+			}
+			var uts unix.Utsname
+			if err := unix.Uname(&uts); err != nil {
+				return result{err: err}
+			}
+			return result{name: unix.ByteSliceToString(uts.Nodename[:])}
+		}()
+	}()
+	r := <-ch
+	return r.name, r.err
+}
+
+// defaultGateways is the gateway of the default route of the guest's main table per interface
+// index.
+func defaultGateways(h *netlink.Handle) (map[int]string, error) {
+	routes, err := h.RouteList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return nil, fmt.Errorf("list routes: %w", err)
+	}
+	gateways := map[int]string{}
+	for _, r := range routes {
+		if r.Gw == nil || (r.Dst != nil && !(r.Dst.IP.IsUnspecified() && isWholeSpace(r.Dst.Mask))) {
+			continue
+		}
+		if _, seen := gateways[r.LinkIndex]; !seen {
+			gateways[r.LinkIndex] = r.Gw.String()
+		}
+	}
+	return gateways, nil
+}
+
+func isWholeSpace(mask net.IPMask) bool {
+	ones, _ := mask.Size()
+	return ones == 0
+}
+
+// interfaceState is the configuration the guest has on ifName now; nicMAC is the MAC of the NIC
+// behind it.
+func interfaceState(h *netlink.Handle, ifName, nicMAC string, gateways map[int]string) (ipv4Config, error) {
+	link, err := h.LinkByName(ifName)
+	if err != nil {
+		return ipv4Config{}, fmt.Errorf("find %s: %w", ifName, err)
+	}
+	addrs, err := h.AddrList(link, netlink.FAMILY_V4)
+	if err != nil {
+		return ipv4Config{}, fmt.Errorf("addresses of %s: %w", ifName, err)
+	}
+	var c ipv4Config
+	for _, a := range addrs {
+		if c.Address == "" {
+			c.Address = a.IPNet.String()
+		} else {
+			c.Extra = append(c.Extra, a.IPNet.String())
+		}
+	}
+	if c.Address != "" {
+		c.Gateway = gateways[link.Attrs().Index]
+	}
+	if mac := link.Attrs().HardwareAddr.String(); !strings.EqualFold(mac, nicMAC) {
+		c.Mac = mac
+	}
+	c.Down = link.Attrs().Flags&net.FlagUp == 0
+	return c, nil
+}
 
 // shmDir is the guest's /dev/shm, the tmpfs that is its RAM, as the hypervisor reaches it: through
 // the root of the guest OS process, in the guest's mount namespace.
@@ -274,20 +395,34 @@ func setLinkUp(h *netlink.Handle, name string) error {
 }
 
 // configureInterface gives the guest interface its static address and default route, as the
-// kernel's ip= autoconfiguration or cloud-init would; an empty config only brings it up.
+// kernel's ip= autoconfiguration or cloud-init would, or, for a restored guest, what it had when
+// the snapshot was taken (its further addresses, its own MAC, the link down); an empty config
+// only brings it up.
 func configureInterface(h *netlink.Handle, name string, c ipv4Config) error {
 	link, err := h.LinkByName(name)
 	if err != nil {
 		return fmt.Errorf("find %s: %w", name, err)
 	}
-	if c.Address != "" {
-		addr, err := netlink.ParseAddr(c.Address)
+	if c.Mac != "" {
+		mac, err := net.ParseMAC(c.Mac)
 		if err != nil {
-			return fmt.Errorf("%s address %q: %w", name, c.Address, err)
+			return fmt.Errorf("%s MAC %q: %w", name, c.Mac, err)
+		}
+		if err := h.LinkSetHardwareAddr(link, mac); err != nil {
+			return fmt.Errorf("set %s MAC %s: %w", name, c.Mac, err)
+		}
+	}
+	for _, cidr := range slices.DeleteFunc(append([]string{c.Address}, c.Extra...), func(a string) bool { return a == "" }) {
+		addr, err := netlink.ParseAddr(cidr)
+		if err != nil {
+			return fmt.Errorf("%s address %q: %w", name, cidr, err)
 		}
 		if err := h.AddrAdd(link, addr); err != nil {
-			return fmt.Errorf("add %s to %s: %w", c.Address, name, err)
+			return fmt.Errorf("add %s to %s: %w", cidr, name, err)
 		}
+	}
+	if c.Down {
+		return nil
 	}
 	if err := h.LinkSetUp(link); err != nil {
 		return fmt.Errorf("set %s up: %w", name, err)
