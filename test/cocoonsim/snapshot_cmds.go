@@ -1,6 +1,7 @@
 package cocoonsim
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -40,32 +41,51 @@ func (a *app) snapshotCommand() *cobra.Command {
 	return snapshotCmd
 }
 
+// vmOwnerAndSnapshots finds the backend that holds a VM and opens the snapshot store: where
+// snapshot save, vm hibernate and vm restore begin.
+func (a *app) vmOwnerAndSnapshots(ctx context.Context, vmRef string) (*backend, *snapshotStore, error) {
+	backends, err := allBackends(a.conf, a.log)
+	if err != nil {
+		return nil, nil, err
+	}
+	owner, err := resolveVMOwner(ctx, backends, vmRef)
+	if err != nil {
+		return nil, nil, fmt.Errorf("find VM %s: %w", vmRef, err)
+	}
+	store, err := newSnapshotStore(a.conf)
+	if err != nil {
+		return nil, nil, err
+	}
+	return owner, store, nil
+}
+
+// checkNameFree fails when a snapshot already has the name ("" is free: cocoon names it by ID).
+func (s *snapshotStore) checkNameFree(ctx context.Context, name string) error {
+	if name == "" {
+		return nil
+	}
+	if _, err := s.inspect(ctx, name); err == nil {
+		return fmt.Errorf("snapshot name %q already exists", name)
+	} else if !errors.Is(err, errSnapshotNotFound) {
+		return fmt.Errorf("check snapshot name: %w", err)
+	}
+	return nil
+}
+
 // snapshotSave snapshots a running VM. Like cocoon it prints no JSON: the ID is only in the log
 // line "snapshot saved: <ID>".
 func (a *app) snapshotSave(cmd *cobra.Command, args []string) error {
 	logger := a.log.with("cmd.snapshot.save")
 	ctx := cmd.Context()
 	vmRef := args[0]
-	backends, err := allBackends(a.conf, a.log)
-	if err != nil {
-		return err
-	}
-	owner, err := resolveVMOwner(ctx, backends, vmRef)
-	if err != nil {
-		return fmt.Errorf("find VM %s: %w", vmRef, err)
-	}
-	store, err := newSnapshotStore(a.conf)
+	owner, store, err := a.vmOwnerAndSnapshots(ctx, vmRef)
 	if err != nil {
 		return err
 	}
 	name, _ := cmd.Flags().GetString("name")
 	description, _ := cmd.Flags().GetString("description")
-	if name != "" {
-		if _, err := store.inspect(ctx, name); err == nil {
-			return fmt.Errorf("snapshot name %q already exists", name)
-		} else if !errors.Is(err, errSnapshotNotFound) {
-			return fmt.Errorf("check snapshot name: %w", err)
-		}
+	if err := store.checkNameFree(ctx, name); err != nil {
+		return err
 	}
 	logger.Infof("snapshotting VM %s ...", vmRef)
 	cfg, tmpDir, err := owner.snapshot(ctx, vmRef)

@@ -53,30 +53,18 @@ func (a *app) vmHibernate(cmd *cobra.Command, args []string) error {
 	ctx := cmd.Context()
 	logger := a.log.with("cmd.vm.hibernate")
 	vmRef := args[0]
-	backends, err := allBackends(a.conf, a.log)
+	owner, store, err := a.vmOwnerAndSnapshots(ctx, vmRef)
 	if err != nil {
 		return err
-	}
-	owner, err := resolveVMOwner(ctx, backends, vmRef)
-	if err != nil {
-		return fmt.Errorf("find VM %s: %w", vmRef, err)
 	}
 	vm, err := owner.inspect(ctx, vmRef)
 	if err != nil {
 		return fmt.Errorf("inspect VM %s: %w", vmRef, err)
 	}
-	store, err := newSnapshotStore(a.conf)
-	if err != nil {
-		return err
-	}
 	name, _ := cmd.Flags().GetString("name")
 	description, _ := cmd.Flags().GetString("description")
-	if name != "" {
-		if _, err := store.inspect(ctx, name); err == nil {
-			return fmt.Errorf("snapshot name %q already exists", name)
-		} else if !errors.Is(err, errSnapshotNotFound) {
-			return fmt.Errorf("check snapshot name: %w", err)
-		}
+	if err := store.checkNameFree(ctx, name); err != nil {
+		return err
 	}
 	logger.Infof("hibernating VM %s ...", vmRef)
 	snapID, err := owner.hibernate(ctx, vm.ID, func(cfg *cocoon.SnapshotConfig, dir string) (string, error) {
@@ -192,21 +180,13 @@ func (a *app) vmRestore(cmd *cobra.Command, args []string) error {
 		return fmt.Errorf("snapshot is required (or use --from-dir)")
 	}
 	snapRef := args[1]
-	backends, err := allBackends(a.conf, a.log)
+	owner, store, err := a.vmOwnerAndSnapshots(ctx, vmRef)
 	if err != nil {
 		return err
-	}
-	owner, err := resolveVMOwner(ctx, backends, vmRef)
-	if err != nil {
-		return fmt.Errorf("find VM %s: %w", vmRef, err)
 	}
 	vm, err := owner.inspect(ctx, vmRef)
 	if err != nil {
 		return fmt.Errorf("find VM %s: %w", vmRef, err)
-	}
-	store, err := newSnapshotStore(a.conf)
-	if err != nil {
-		return err
 	}
 	snap, err := store.inspect(ctx, snapRef)
 	if err != nil {
