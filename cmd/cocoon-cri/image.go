@@ -155,9 +155,9 @@ func importImage(cmd *cobra.Command, socket, ref, path string) error {
 		return err
 	}
 	defer f.Close()
-	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := dialDaemon(socket)
 	if err != nil {
-		return fmt.Errorf("connect to %s: %w", socket, err)
+		return err
 	}
 	defer conn.Close()
 	id, err := vmruntime.ImportImage(cmd.Context(), conn, ref, digest, f)
@@ -166,4 +166,13 @@ func importImage(cmd *cobra.Command, socket, ref, path string) error {
 	}
 	fmt.Fprintln(cmd.OutOrStdout(), id)
 	return nil
+}
+
+// dialDaemon connects to the daemon's CRI socket, where its admin services are served too.
+func dialDaemon(socket string) (*grpc.ClientConn, error) {
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s: %w", socket, err)
+	}
+	return conn, nil
 }

@@ -6,7 +6,6 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/cocoonstack/cocoon-cri/cri/vmruntime"
 )
@@ -28,9 +27,9 @@ func newPodCommand(o *options) *cobra.Command {
 			Long:  c.short + ".\nPOD is NAMESPACE/NAME or the pod sandbox's ID (or a unique prefix of it). Prints the container ID.",
 			Args:  cobra.ExactArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
-				conn, err := grpc.NewClient("unix://"+o.socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+				conn, err := dialDaemon(o.socket)
 				if err != nil {
-					return fmt.Errorf("connect to %s: %w", o.socket, err)
+					return err
 				}
 				defer conn.Close()
 				id, err := c.do(cmd.Context(), conn, args[0])
