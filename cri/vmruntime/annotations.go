@@ -22,6 +22,9 @@ const (
 	// AnnotationHibernateAfter is cocoon-cri's own: how long the pod's VM may sit idle before it
 	// hibernates (docs/hibernation.md).
 	AnnotationHibernateAfter = "vm.cocoonstack.io/hibernate-after"
+	// AnnotationForkFrom is vk-cocoon's key, naming a pod (NAMESPACE/NAME) of this node rather than
+	// a VM: the pod's VM starts as a copy of that pod's running VM (docs/hibernation.md, Fork).
+	AnnotationForkFrom = "vm.cocoonstack.io/fork-from"
 )
 
 // MinHibernateAfter is the shortest idle period a pod may ask for.
@@ -72,6 +75,13 @@ func parseVMOptions(annotations map[string]string) (store.VMOptions, error) {
 			return o, fmt.Errorf("annotation %s is empty: name a CNI network or drop the annotation", AnnotationNetwork)
 		}
 		o.Network = v
+	}
+	if v, ok := annotations[AnnotationForkFrom]; ok {
+		namespace, name, found := strings.Cut(v, "/")
+		if !found || namespace == "" || name == "" || strings.Contains(name, "/") {
+			return o, fmt.Errorf("annotation %s=%q: want NAMESPACE/NAME of a pod on this node", AnnotationForkFrom, v)
+		}
+		o.ForkFrom = v
 	}
 	if v, ok := annotations[AnnotationHibernateAfter]; ok {
 		d, err := ParseHibernateAfter(v)

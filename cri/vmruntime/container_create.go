@@ -56,6 +56,9 @@ func (s *Server) CreateContainer(ctx context.Context, req *runtimeapi.CreateCont
 	}
 	id := newID()
 	vm, err := s.planVM(id, cfg, sb, img, cloneResizes)
+	if err == nil && sb.VM.ForkFrom != "" {
+		vm, err = s.forkVM(sb, img, vm)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -118,6 +118,17 @@ func (s *Server) makeVM(ctx context.Context, cc Cocoon, c *store.Container) (*co
 			NoDirectIO: spec.NoDirectIO, OnDemand: spec.OnDemand, Pull: spec.PullBase,
 			CPU: spec.CPU, Memory: spec.Memory,
 		}
+		if spec.ForkOf != "" {
+			save, release, err := s.saveForkSource(ctx, spec.ForkOf)
+			if err != nil {
+				return nil, err
+			}
+			defer release()
+			if _, err := s.store.Containers.Modify(c.ID, func(r *store.Container) error { r.VM.Source = save.snapshot; return nil }); err != nil {
+				return nil, fmt.Errorf("record the fork's save: %w", err)
+			}
+			spec.Source, opts.CopyMemory = save.snapshot, true
+		}
 		if spec.Backend == cocoon.HypervisorFirecracker {
 			// cocoon refuses any size on a Firecracker clone, even the snapshot's own.
 			opts.CPU, opts.Memory, opts.Storage = 0, 0, 0

@@ -56,6 +56,7 @@ type Cocoon interface {
 
 	SnapshotSave(ctx context.Context, vm, name, description string) (*cocoon.Snapshot, error)
 	SnapshotInspect(ctx context.Context, ref string) (*cocoon.Snapshot, error)
+	SnapshotList(ctx context.Context) ([]cocoon.Snapshot, error)
 	SnapshotExport(ctx context.Context, ref string, w io.Writer) error
 	SnapshotRemove(ctx context.Context, ref string) error
 }

@@ -34,6 +34,10 @@ func alreadyExists(format string, args ...any) error {
 	return status.Errorf(codes.AlreadyExists, format, args...)
 }
 
+func permissionDenied(format string, args ...any) error {
+	return status.Errorf(codes.PermissionDenied, format, args...)
+}
+
 func unavailable(format string, args ...any) error {
 	return status.Errorf(codes.Unavailable, format, args...)
 }

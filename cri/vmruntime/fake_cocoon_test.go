@@ -69,6 +69,8 @@ type fakeVM struct {
 	cocoon.VM
 	cniConfDir string   // the --cni-conf-dir of the call that made it
 	attached   []string // hot-added: "disk NAME", "device ID", "fs TAG"
+	// copied: a clone whose memory was copied from its snapshot, which it then no longer needs.
+	copied bool
 }
 
 type fakeSnapshot struct {
@@ -157,6 +159,14 @@ func (f *fakeCocoonState) putSnapshot(cfg cocoon.SnapshotConfig) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.addSnapshot(cfg, fakeSnapshotArchive(cfg, "memory of "+cfg.Name))
+}
+
+// copiedClone says whether a clone copied its snapshot's memory.
+func (f *fakeCocoonState) copiedClone(ref string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	v := f.vmByRef(ref)
+	return v != nil && v.copied
 }
 
 // vm is a VM as vm inspect would show it, without recording a call.
@@ -420,6 +430,7 @@ func (f *fakeCocoon) VMClone(_ context.Context, snapshot string, o cocoon.CloneO
 		nics = o.NICs
 	}
 	v := f.newVM(o.Name, cmp.Or(snap.Hypervisor, cocoon.HypervisorCloudHypervisor), cfg, nics)
+	v.copied = o.CopyMemory || !o.OnDemand && !f.caps.CloneRestoreMode
 	f.boot(v)
 	f.emit(cocoon.VMAdded, v.VM)
 	vm := v.VM
@@ -790,6 +801,19 @@ func (f *fakeCocoon) SnapshotInspect(_ context.Context, ref string) (*cocoon.Sna
 	}
 	out := snap.Snapshot
 	return &out, nil
+}
+
+func (f *fakeCocoon) SnapshotList(context.Context) ([]cocoon.Snapshot, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.call("SnapshotList"); err != nil {
+		return nil, err
+	}
+	out := make([]cocoon.Snapshot, 0, len(f.snapshots))
+	for _, snap := range f.snapshots {
+		out = append(out, snap.Snapshot)
+	}
+	return out, nil
 }
 
 func (f *fakeCocoonState) addSnapshot(cfg cocoon.SnapshotConfig, archive []byte) *cocoon.Snapshot {

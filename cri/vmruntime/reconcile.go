@@ -61,6 +61,7 @@ func (s *Server) Recover(ctx context.Context) error {
 		s.resumeIO(ctx, c)
 	}
 	s.removeCutShortCheckpoints(ctx)
+	s.removeForkLeftovers(ctx)
 	known := map[string]bool{}
 	for _, sb := range s.store.Sandboxes.List(nil) {
 		known[sb.ID] = true

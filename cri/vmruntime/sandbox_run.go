@@ -25,6 +25,10 @@ func (s *Server) RunPodSandbox(ctx context.Context, req *runtimeapi.RunPodSandbo
 	if err != nil {
 		return nil, invalid("%v", err)
 	}
+	if namespace, _, _ := strings.Cut(vmOpts.ForkFrom, "/"); vmOpts.ForkFrom != "" && namespace != cfg.GetMetadata().GetNamespace() {
+		return nil, permissionDenied("annotation %s=%q: a fork copies its source's memory, secrets included, so it may only name a pod of its own namespace %q",
+			AnnotationForkFrom, vmOpts.ForkFrom, cfg.GetMetadata().GetNamespace())
+	}
 	if _, ok := cfg.GetAnnotations()[AnnotationHibernateAfter]; !ok {
 		vmOpts.HibernateAfter = s.cfg.HibernateAfter
 	}

@@ -143,6 +143,8 @@ type Server struct {
 	archives archiveDigests
 	// idle follows the use of the VMs that may hibernate.
 	idle idleTracker
+	// forks are the saves of fork sources under way.
+	forks forkSaves
 
 	iosMu   sync.Mutex
 	ios     map[string]*containerIO // running containers' streams, by container ID

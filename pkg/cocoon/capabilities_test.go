@@ -126,6 +126,13 @@ func TestCloneFlagsFollowTheCapabilities(t *testing.T) {
 		{Capabilities{CloneRestoreMode: true, CloneOnDemand: true}, "--name vm --nics 1 --restore-mode ondemand --pull"},
 		{Capabilities{}, "--name vm --nics 1 --pull"},
 	}
+	copied := CloneOptions{Name: "vm", CopyMemory: true}
+	if got := strings.Join(copied.args(Capabilities{CloneRestoreMode: true}), " "); got != "--name vm --restore-mode copy" {
+		t.Errorf("a clone that copies its memory: %s", got)
+	}
+	if got := strings.Join(copied.args(Capabilities{CloneOnDemand: true}), " "); got != "--name vm" {
+		t.Errorf("a clone that copies its memory, v0.3.8: %s", got)
+	}
 	for _, c := range cases {
 		if got := strings.Join(o.args(c.caps), " "); got != c.want {
 			t.Errorf("%+v: %s, want %s", c.caps, got, c.want)

@@ -58,6 +58,10 @@ type CloneOptions struct {
 	// disk for as long as the clone lives. --restore-mode ondemand or --on-demand, whichever this
 	// cocoon has.
 	OnDemand bool
+	// CopyMemory copies the snapshot's memory into the clone (--restore-mode copy where cocoon
+	// has the flag, whose default maps the memory file), so the snapshot may go at once. v0.3.8
+	// copies by default.
+	CopyMemory bool
 	// Pull fetches the snapshot's base image by its recorded digest when it is missing.
 	Pull bool
 }
@@ -78,6 +82,8 @@ func (o CloneOptions) args(caps Capabilities) []string {
 		args = append(args, "--restore-mode", "ondemand")
 	case o.OnDemand && caps.CloneOnDemand:
 		args = append(args, "--on-demand")
+	case o.CopyMemory && caps.CloneRestoreMode:
+		args = append(args, "--restore-mode", "copy")
 	}
 	args = appendIf(args, o.Pull, "--pull")
 	return args

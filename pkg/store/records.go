@@ -79,6 +79,8 @@ type VMOptions struct {
 	Storage    int64  `json:"storage,omitempty"` // COW disk bytes; 0 = default
 	Windows    bool   `json:"windows,omitempty"`
 	Network    string `json:"network,omitempty"` // CNI conflist name for cocoon
+	// ForkFrom is the pod (NAMESPACE/NAME) whose running VM the pod's VM is a copy of.
+	ForkFrom string `json:"fork_from,omitempty"`
 	// HibernateAfter is how long the pod's VM must be idle before it hibernates; 0 never.
 	HibernateAfter time.Duration `json:"hibernate_after,omitempty"`
 }
@@ -193,6 +195,9 @@ type VM struct {
 	SharedMemory bool `json:"shared_memory,omitempty"`
 	// Share is the virtio-fs share of the container's directory volumes, while it exists.
 	Share Share `json:"share,omitzero"`
+	// ForkOf is the running container whose VM this one is a copy of (the pod's fork-from): its
+	// VM is saved at StartContainer and this one cloned from the save, which Source then names.
+	ForkOf string `json:"fork_of,omitempty"`
 	// Hibernation is where the VM's state is kept while it hibernates.
 	Hibernation Hibernation `json:"hibernation,omitzero"`
 }
