@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -24,9 +25,9 @@ const (
 
 // TestBenchmarkHibernation measures hibernation: an exec on a hibernated pod until it answers
 // against one on an awake pod, the wake inside it (`cocoon vm restore`) against a clone's `vm
-// clone`, the hibernation itself, and the memory the hypervisors of idlePods idle pods hold awake
-// and hibernated. Targets: a wake within 20 ms of a clone's own time; a hibernated pod's
-// hypervisor memory zero.
+// clone`, the hibernation itself, forks of a running pod (one, and ten at once), and the memory the
+// hypervisors of idlePods idle pods hold awake and hibernated. Targets: a wake within 20 ms of a
+// clone's own time; a hibernated pod's hypervisor memory zero.
 func TestBenchmarkHibernation(t *testing.T) {
 	out := benchDir(t)
 	n := newNode(t, "--metrics-addr", "127.0.0.1:0")
@@ -65,6 +66,14 @@ func TestBenchmarkHibernation(t *testing.T) {
 		clone = append(clone, secondsBetween(before, n.scrapeMetrics(), cloneSeries))
 	}
 
+	// Forks of the awake pod: one, then ten started at once.
+	exec()
+	one := forkPods(ctx, t, n, rt, "one", 1)
+	before := n.scrapeMetrics()
+	ten := forkPods(ctx, t, n, rt, "ten", 10)
+	tenSaves := n.scrapeMetrics()[`cocoon_cri_cocoon_call_duration_seconds_count{subcommand="snapshot save"}`] -
+		before[`cocoon_cri_cocoon_call_duration_seconds_count{subcommand="snapshot save"}`]
+
 	// Idle pods: their hypervisors' memory awake, then hibernated.
 	var ctrs, pods []string
 	for i := range idlePods {
@@ -87,7 +96,7 @@ func TestBenchmarkHibernation(t *testing.T) {
 	var b strings.Builder
 	b.WriteString("## Hibernation\n\n")
 	fmt.Fprintf(&b, "%d wakes of a VM pod hibernated by `cocoon-cri pod hibernate`, each by an ExecSync, against an ExecSync on the "+
-		"awake pod and a plain pod's `vm clone`; then the hypervisors' memory (working set, as `kubectl top` reads it) of %d "+
+		"awake pod and a plain pod's `vm clone`; forks of the pod (`vm.cocoonstack.io/fork-from`), one and ten at once; then the hypervisors' memory (working set, as `kubectl top` reads it) of %d "+
 		"idle pods awake and hibernated. Medians, in ms. Targets: a wake within 20 ms of a clone's own time; a hibernated "+
 		"pod's hypervisor memory zero.\n\n", wakeRuns, idlePods)
 	b.WriteString("| figure | value |\n|---|---|\n")
@@ -96,12 +105,49 @@ func TestBenchmarkHibernation(t *testing.T) {
 	fmt.Fprintf(&b, "| `vm restore` within it | %s |\n", ms(quantile(restore, 0.5)))
 	fmt.Fprintf(&b, "| `vm clone` of a plain pod | %s |\n", ms(quantile(clone, 0.5)))
 	fmt.Fprintf(&b, "| `vm hibernate` | %s |\n", ms(quantile(hibernate, 0.5)))
+	fmt.Fprintf(&b, "| 1 fork of the pod, RunPodSandbox to running | %s |\n", ms(one))
+	fmt.Fprintf(&b, "| 10 forks of the pod started at once, until all run (%.0f saves of the source) | %s |\n", tenSaves, ms(ten))
 	fmt.Fprintf(&b, "| %d idle pods awake, hypervisor memory | %.1f MiB |\n", idlePods, float64(awakeMemory)/(1<<20))
 	fmt.Fprintf(&b, "| %d idle pods hibernated, hypervisor memory | %.1f MiB |\n", idlePods, float64(hibernatedMemory)/(1<<20))
 	if err := os.WriteFile(filepath.Join(out, "hibernation.md"), []byte(b.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	t.Log(b.String())
+}
+
+// forkPods makes n pods that fork the sleepy pod, starts their containers at once, and returns the
+// time from the first RunPodSandbox until every container runs; the forks are removed again.
+func forkPods(ctx context.Context, t *testing.T, n *node, rt runtimeapi.RuntimeServiceClient, tag string, count int) time.Duration {
+	t.Helper()
+	start := time.Now()
+	var pods, ctrs []string
+	for i := range count {
+		cfg := n.podConfig(fmt.Sprintf("fork-%s-%d", tag, i), fmt.Sprintf("uid-fork-%s-%d", tag, i))
+		cfg.Annotations[vmruntime.AnnotationForkFrom] = "default/sleepy"
+		pod, err := rt.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: cfg, RuntimeHandler: "cocoon"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctr, err := rt.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod.GetPodSandboxId(), Config: containerConfig("app", snapRef), SandboxConfig: cfg})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pods, ctrs = append(pods, pod.GetPodSandboxId()), append(ctrs, ctr.GetContainerId())
+	}
+	var wg sync.WaitGroup
+	for _, ctr := range ctrs {
+		wg.Go(func() {
+			if _, err := rt.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: ctr}); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	took := time.Since(start)
+	for _, pod := range pods {
+		removePod(ctx, t, rt, pod)
+	}
+	return took
 }
 
 // workingSet adds up the working set the runtime reports for the containers.
