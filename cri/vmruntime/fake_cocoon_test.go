@@ -12,6 +12,7 @@ import (
 	"maps"
 	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -202,6 +203,17 @@ func (f *fakeCocoonState) vmNames() []string {
 }
 
 // snapshotNames lists the snapshots' names, sorted.
+// snapshotsNamed are the names of the snapshots whose name starts with prefix, sorted.
+func (f *fakeCocoonState) snapshotsNamed(prefix string) []string {
+	var out []string
+	for _, name := range f.snapshotNames() {
+		if strings.HasPrefix(name, prefix) {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
 func (f *fakeCocoonState) snapshotNames() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -37,15 +37,7 @@ func (n *fakeNode) forkPod(name, source, image string) (sandboxID, containerID s
 	return sandboxID, resp.GetContainerId(), err
 }
 
-func forkSnapshots(fc *fakeCocoon) []string {
-	var out []string
-	for _, name := range fc.snapshotNames() {
-		if strings.HasPrefix(name, forkSnapshotPrefix) {
-			out = append(out, name)
-		}
-	}
-	return out
-}
+func forkSnapshots(fc *fakeCocoon) []string { return fc.snapshotsNamed(forkSnapshotPrefix) }
 
 func TestForkCopiesARunningPod(t *testing.T) {
 	n := newFakeNode(t, Config{})

@@ -182,13 +182,7 @@ func TestAnIdleVMHibernatesAndAnExecWakesIt(t *testing.T) {
 
 // hibernationSnapshots are the snapshots hibernations keep.
 func hibernationSnapshots(fc *fakeCocoon) []string {
-	var out []string
-	for _, name := range fc.snapshotNames() {
-		if strings.HasPrefix(name, hibernationSnapshotPrefix) {
-			out = append(out, name)
-		}
-	}
-	return out
+	return fc.snapshotsNamed(hibernationSnapshotPrefix)
 }
 
 func mustList(t *testing.T, fc *fakeCocoon) []cocoon.VM {

@@ -103,22 +103,28 @@ func TestBenchmarkCheckpoint(t *testing.T) {
 // timedPlainStart runs a plain pod of the snapshot image, times its StartContainer, and removes it.
 func timedPlainStart(ctx context.Context, t *testing.T, n *node, rt runtimeapi.RuntimeServiceClient, i int) time.Duration {
 	t.Helper()
-	cfg := n.podConfig(fmt.Sprintf("plain-%d", i), fmt.Sprintf("uid-plain-%d", i))
-	pod, err := rt.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: cfg, RuntimeHandler: "cocoon"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctr, err := rt.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod.GetPodSandboxId(), Config: containerConfig("app", snapRef), SandboxConfig: cfg})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pod, ctr := createPod(ctx, t, rt, n.podConfig(fmt.Sprintf("plain-%d", i), fmt.Sprintf("uid-plain-%d", i)))
 	start := time.Now()
-	if _, err := rt.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: ctr.GetContainerId()}); err != nil {
+	if _, err := rt.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: ctr}); err != nil {
 		t.Fatal(err)
 	}
 	took := time.Since(start)
-	removePod(ctx, t, rt, pod.GetPodSandboxId())
+	removePod(ctx, t, rt, pod)
 	return took
+}
+
+// createPod runs a pod of cfg and creates its container of the snapshot image, through the CRI.
+func createPod(ctx context.Context, t *testing.T, rt runtimeapi.RuntimeServiceClient, cfg *runtimeapi.PodSandboxConfig) (pod, ctr string) {
+	t.Helper()
+	p, err := rt.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: cfg, RuntimeHandler: "cocoon"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := rt.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: p.GetPodSandboxId(), Config: containerConfig("app", snapRef), SandboxConfig: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p.GetPodSandboxId(), c.GetContainerId()
 }
 
 // removePod stops and removes a pod, as the kubelet does when it is deleted.

@@ -124,15 +124,8 @@ func forkPods(ctx context.Context, t *testing.T, n *node, rt runtimeapi.RuntimeS
 	for i := range count {
 		cfg := n.podConfig(fmt.Sprintf("fork-%s-%d", tag, i), fmt.Sprintf("uid-fork-%s-%d", tag, i))
 		cfg.Annotations[vmruntime.AnnotationForkFrom] = "default/sleepy"
-		pod, err := rt.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: cfg, RuntimeHandler: "cocoon"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctr, err := rt.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod.GetPodSandboxId(), Config: containerConfig("app", snapRef), SandboxConfig: cfg})
-		if err != nil {
-			t.Fatal(err)
-		}
-		pods, ctrs = append(pods, pod.GetPodSandboxId()), append(ctrs, ctr.GetContainerId())
+		pod, ctr := createPod(ctx, t, rt, cfg)
+		pods, ctrs = append(pods, pod), append(ctrs, ctr)
 	}
 	var wg sync.WaitGroup
 	for _, ctr := range ctrs {

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"encoding/json"
+	"maps"
 	"os"
 	"path/filepath"
 	"testing"
@@ -140,7 +141,15 @@ func (n *node) runningPod(name, image string) (podID, ctrID, podFile string) {
 // runningPodWith is runningPod with the container's config changed first.
 func (n *node) runningPodWith(name, image string, change func(*runtimeapi.ContainerConfig)) (podID, ctrID, podFile string) {
 	n.t.Helper()
-	podFile = n.configFile(name+"-pod.json", n.podConfig(name, "uid-"+name))
+	return n.runningPodAnnotated(name, image, nil, change)
+}
+
+// runningPodAnnotated is runningPodWith for a pod with more annotations.
+func (n *node) runningPodAnnotated(name, image string, annotations map[string]string, change func(*runtimeapi.ContainerConfig)) (podID, ctrID, podFile string) {
+	n.t.Helper()
+	pod := n.podConfig(name, "uid-"+name)
+	maps.Copy(pod.Annotations, annotations)
+	podFile = n.configFile(name+"-pod.json", pod)
 	podID = n.mustCrictl("runp", "--runtime", "cocoon", podFile)
 	cfg := containerConfig("app", image)
 	change(cfg)

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
 	"github.com/cocoonstack/cocoon-cri/cri/vmruntime"
 )
 
@@ -16,12 +18,7 @@ func TestForkCarriesMemoryWithANewIdentity(t *testing.T) {
 	srcPod, src, _ := n.runningPod("source", snapRef)
 	n.mustCrictl("exec", src, "sh", "-c", "echo kept > /dev/shm/state")
 
-	pod := n.podConfig("fork", "uid-fork")
-	pod.Annotations[vmruntime.AnnotationForkFrom] = "default/source"
-	podFile := n.configFile("fork-pod.json", pod)
-	forkPod := n.mustCrictl("runp", "--runtime", "cocoon", podFile)
-	fork := n.mustCrictl("create", "--no-pull", forkPod, n.configFile("fork-ctr.json", containerConfig("app", snapRef)), podFile)
-	n.mustCrictl("start", fork)
+	forkPod, fork, _ := n.runningPodAnnotated("fork", snapRef, map[string]string{vmruntime.AnnotationForkFrom: "default/source"}, func(*runtimeapi.ContainerConfig) {})
 
 	if out := n.mustCrictl("exec", fork, "sh", "-c", "cat /dev/shm/state; hostname"); out != "kept\nfork" {
 		t.Fatalf("the fork: %q, want the source's memory and its own hostname", out)

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
 	"github.com/cocoonstack/cocoon-cri/cri/vmruntime"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
@@ -59,12 +61,7 @@ func (n *node) httpGetUntil(url, want string) {
 func TestIdlePodHibernatesAndWakesOnUse(t *testing.T) {
 	n := newNode(t)
 	n.importImage(snapRef, n.snapshotImage("web", testimage.SnapshotOptions{Guest: guest.Spec{HTTPPort: 80}}))
-	pod := n.podConfig("sleepy", "uid-sleepy")
-	pod.Annotations[vmruntime.AnnotationHibernateAfter] = "2s"
-	podFile := n.configFile("sleepy-pod.json", pod)
-	podID := n.mustCrictl("runp", "--runtime", "cocoon", podFile)
-	ctr := n.mustCrictl("create", "--no-pull", podID, n.configFile("sleepy-ctr.json", containerConfig("app", snapRef)), podFile)
-	n.mustCrictl("start", ctr)
+	podID, ctr, _ := n.runningPodAnnotated("sleepy", snapRef, map[string]string{vmruntime.AnnotationHibernateAfter: "2s"}, func(*runtimeapi.ContainerConfig) {})
 	n.mustCrictl("exec", ctr, "sh", "-c", "echo kept > /dev/shm/state")
 	pid := n.vmPID(ctr)
 
