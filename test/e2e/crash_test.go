@@ -172,13 +172,14 @@ var crashScenarios = []crashScenario{
 }
 
 // backgroundPoint reports points that do not happen at the same place on every run: the startup
-// probes (the capability probe's --help calls included), guest set-up through vm exec and vm
-// reseed, the VM watcher and sweep.
+// probes (the capability probe's --help calls included) and the startup's look for what
+// interrupted forks left (snapshot list), guest set-up through vm exec and vm reseed, the VM
+// watcher and sweep.
 func backgroundPoint(name string) bool {
 	if strings.Contains(name, " --help/") {
 		return true
 	}
-	for _, p := range []string{"cocoon vm exec", "cocoon vm reseed", "cocoon vm status", "cocoon vm list", "cocoon version", "cocoon vm inspect"} {
+	for _, p := range []string{"cocoon vm exec", "cocoon vm reseed", "cocoon vm status", "cocoon vm list", "cocoon version", "cocoon vm inspect", "cocoon snapshot list"} {
 		if strings.HasPrefix(name, p) {
 			return true
 		}
