@@ -153,10 +153,11 @@ func (s *Service) List(refOrID string) []*store.Image {
 	return s.store.Images.List(func(img *store.Image) bool { return !img.Removed })
 }
 
-// InUse reports whether a container record still needs the artifact: a created container will
-// start from it, a running on-demand clone reads its memory.
+// InUse reports whether a container or warm pool record still needs the artifact: a created
+// container will start from it, a running on-demand clone (a pool's too) reads its memory.
 func (s *Service) InUse(localName string) bool {
-	return len(s.store.Containers.List(func(c *store.Container) bool { return c.VM.Source == localName })) > 0
+	return len(s.store.Containers.List(func(c *store.Container) bool { return c.VM.Source == localName })) > 0 ||
+		len(s.store.PoolVMs.List(func(p *store.PoolVM) bool { return p.Spec.Source == localName })) > 0
 }
 
 // Remove drops a reference, or every reference when given the image's ID. The image disappears

@@ -130,8 +130,9 @@ func Reclaim(podNetNS, vmNetNS, vmIfName string, result *current.Result) error {
 	if _, err := os.Stat(vmNetNS); errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
-	has, err := hasLink(vmNetNS, vmIfName)
-	if err != nil || !has {
+	// A warm pool VM's placeholder is no pod's interface: it goes with the VM.
+	link, err := lookupLink(vmNetNS, vmIfName)
+	if err != nil || link == nil || isPlaceholder(link) {
 		return err
 	}
 	if err := moveLink(vmNetNS, vmIfName, podNetNS, PodIfName); err != nil {
@@ -156,20 +157,26 @@ func withHandle(path string, fn func(*netlink.Handle) error) error {
 }
 
 func hasLink(nsPath, name string) (bool, error) {
-	found := false
+	link, err := lookupLink(nsPath, name)
+	return link != nil, err
+}
+
+// lookupLink finds interface name in the namespace at nsPath; nil if there is none.
+func lookupLink(nsPath, name string) (netlink.Link, error) {
+	var link netlink.Link
 	err := withHandle(nsPath, func(h *netlink.Handle) error {
-		_, err := h.LinkByName(name)
+		found, err := h.LinkByName(name)
 		var notFound netlink.LinkNotFoundError
 		switch {
 		case err == nil:
-			found = true
+			link = found
 		case errors.As(err, &notFound):
 		default:
 			return fmt.Errorf("look up %s in %s: %w", name, nsPath, err)
 		}
 		return nil
 	})
-	return found, err
+	return link, err
 }
 
 // moveLink moves interface name from one namespace to another, renaming it to newName there, and

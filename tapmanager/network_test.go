@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/containernetworking/cni/libcni"
+	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -172,13 +174,13 @@ func TestReadyNeedsConfigAndPlugins(t *testing.T) {
 // TestAttachHandsThePodInterfaceOverAndBack walks the interface through a VM's life: the cluster's
 // ADD configures it in the pod's namespace, a VM takes it (the plugin's ADD), gives it back (DEL),
 // the next VM takes it from a VM that was never reclaimed, and the cluster's DEL releases the IP.
-func TestAttachHandsThePodInterfaceOverAndBack(t *testing.T) {
-	n := newTestNetwork(t, "10.77.0.0/24")
-	ctx := context.Background()
-	pod := n.pod("web")
+// add runs the cluster's CNI ADD for pod in the node, and returns the network it used and the
+// result, raw as cocoon-cri stores it and decoded.
+func (n *testNetwork) add(ctx context.Context, pod Pod) (*libcni.NetworkConfigList, []byte, *current.Result) {
+	n.t.Helper()
 	list, err := n.cni.Load("")
 	if err != nil {
-		t.Fatal(err)
+		n.t.Fatal(err)
 	}
 	var raw []byte
 	n.inNode(func() error {
@@ -191,8 +193,16 @@ func TestAttachHandsThePodInterfaceOverAndBack(t *testing.T) {
 	})
 	result, err := DecodeResult(raw)
 	if err != nil {
-		t.Fatal(err)
+		n.t.Fatal(err)
 	}
+	return list, raw, result
+}
+
+func TestAttachHandsThePodInterfaceOverAndBack(t *testing.T) {
+	n := newTestNetwork(t, "10.77.0.0/24")
+	ctx := context.Background()
+	pod := n.pod("web")
+	list, raw, result := n.add(ctx, pod)
 	ips, mac := PodAddresses(result)
 	if len(ips) != 1 || !strings.HasPrefix(ips[0], "10.77.0.") || mac == "" {
 		t.Fatalf("pod addresses %v, mac %q", ips, mac)

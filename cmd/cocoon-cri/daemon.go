@@ -131,6 +131,7 @@ func runDaemon(parent context.Context, o *options) error {
 		ShareDir:            filepath.Join(o.stateDir, "shares"),
 		CheckpointJournal:   filepath.Join(o.stateDir, "checkpoints"),
 		HibernateAfter:      o.hibernateAfter,
+		WarmPools:           o.warmPools,
 	}, log, st, vmruntime.CocoonClient(cc), nets, images)
 	defer vms.Shutdown()
 
@@ -173,6 +174,7 @@ func runDaemon(parent context.Context, o *options) error {
 	}
 	go vms.WatchVMs(ctx)
 	go vms.RunHibernation(ctx)
+	go vms.RunWarmPools(ctx)
 	if err := images.Sweep(ctx); err != nil {
 		log.Warn("deleting unused image artifacts failed; the next removal retries", "err", err)
 	}

@@ -62,6 +62,7 @@ type options struct {
 	volumeMaxBytes      string
 	allowedNetworks     []string
 	hibernateAfter      time.Duration
+	warmPools           map[string]int
 }
 
 func defaultOptions() *options {
@@ -146,6 +147,8 @@ func (o *options) addFlags(cmd *cobra.Command) {
 		"largest VM disk a pod may ask for with the cocoonset.cocoonstack.io/storage annotation (a quantity)")
 	d.DurationVar(&o.hibernateAfter, "hibernate-after", o.hibernateAfter,
 		"hibernate a VM pod idle this long (no exec, attach or port-forward, no traffic, under 5% of a vCPU) until its next use, unless its vm.cocoonstack.io/hibernate-after annotation says otherwise (0: never; at least 1s)")
+	d.StringToIntVar(&o.warmPools, "warm-pool", o.warmPools,
+		"keep this many VMs of a snapshot image cloned and ready for its pods, as REF=N (repeat, or separate with commas; docs/warm-pool.md)")
 	d.StringSliceVar(&o.allowedNetworks, "allowed-networks", o.allowedNetworks,
 		"CNI networks of --cni-conf-dir that pods may pick by name with the cocoonset.cocoonstack.io/network annotation, besides the default one (repeat or separate with commas)")
 	cmd.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
@@ -163,6 +166,9 @@ func (o *options) addRegistryFlags(f *pflag.FlagSet) {
 		"registries (host or host:port) that may be reached over plain HTTP; loopback ones always may (repeat or separate with commas)")
 	f.StringVar(&o.registryCAFile, "registry-ca-file", o.registryCAFile, "PEM file of CA certificates trusted for registries, besides the system's")
 }
+
+// maxWarmPool bounds one pool: each VM holds its memory while it waits.
+const maxWarmPool = 1000
 
 // defaultMaxCocoonCalls lets cocoon commands use every CPU while others wait on I/O, without the
 // lock polling of many more (docs/profiles.md, "Pods started at once").
@@ -218,6 +224,11 @@ func (o *options) validate() error {
 	}
 	if o.hibernateAfter < 0 || o.hibernateAfter > 0 && o.hibernateAfter < vmruntime.MinHibernateAfter {
 		return fmt.Errorf("--hibernate-after %s: want 0 (never) or at least %s", o.hibernateAfter, vmruntime.MinHibernateAfter)
+	}
+	for ref, n := range o.warmPools {
+		if ref == "" || n < 0 || n > maxWarmPool {
+			return fmt.Errorf("--warm-pool %s=%d: want an image reference and a count from 0 to %d", ref, n, maxWarmPool)
+		}
 	}
 	if o.profiling && o.metricsAddr == "" {
 		return fmt.Errorf("--profiling serves the profiles on --metrics-addr: give one too")

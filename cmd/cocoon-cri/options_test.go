@@ -123,3 +123,30 @@ func TestGuestSSHPasswordIsRefused(t *testing.T) {
 		t.Errorf("from the environment: %v, want refused", err)
 	}
 }
+
+// --warm-pool takes REF=N, repeated, from the environment, and from the config file as a map.
+func TestWarmPoolOption(t *testing.T) {
+	if opts, err := parse(); err != nil || len(opts.warmPools) != 0 {
+		t.Fatalf("default: %v, %v; want none", opts.warmPools, err)
+	}
+	opts, err := parse("--warm-pool", "cocoon.local/a:v1=3", "--warm-pool", "registry.example.com:5000/b:v2=1")
+	if err != nil || opts.warmPools["cocoon.local/a:v1"] != 3 || opts.warmPools["registry.example.com:5000/b:v2"] != 1 || len(opts.warmPools) != 2 {
+		t.Fatalf("flags: %v, %v", opts.warmPools, err)
+	}
+	cfg := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(cfg, []byte("warm-pool:\n  cocoon.local/a:v1: 2\n  cocoon.local/b:v1: 5\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if opts, err := parse("--config", cfg); err != nil || opts.warmPools["cocoon.local/a:v1"] != 2 || opts.warmPools["cocoon.local/b:v1"] != 5 {
+		t.Fatalf("config file: %v, %v", opts.warmPools, err)
+	}
+	t.Setenv(config.EnvName(envPrefix, "warm-pool"), "cocoon.local/c:v1=4")
+	if opts, err := parse(); err != nil || opts.warmPools["cocoon.local/c:v1"] != 4 {
+		t.Fatalf("environment: %v, %v", opts.warmPools, err)
+	}
+	for _, bad := range []string{"cocoon.local/a:v1=-1", "cocoon.local/a:v1=1001", "cocoon.local/a:v1", "=3"} {
+		if _, err := parse("--warm-pool", bad); err == nil || !strings.Contains(err.Error(), "warm-pool") {
+			t.Errorf("--warm-pool %s: %v, want refused", bad, err)
+		}
+	}
+}

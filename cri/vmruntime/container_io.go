@@ -83,7 +83,10 @@ func (s *Server) startIO(sb *store.Sandbox, c *store.Container) {
 // runGuest prepares the guest (its network, hostname and resolvers, where cocoon could not, its
 // block devices and its volumes) and then runs the main process, if any.
 func (s *Server) runGuest(ctx context.Context, sb *store.Sandbox, c *store.Container, cio *containerIO) {
-	s.setUpGuest(ctx, sb, c)
+	if !c.VM.Pooled {
+		// A pool VM's guest was set up at its hand-over.
+		s.setUpGuest(ctx, sb, c)
+	}
 	takesCopies := s.guestTakesCopies(ctx, c)
 	if !takesCopies && len(c.Config.Msg.GetMounts()) > 0 {
 		s.log.Info("the kubelet's /etc/hosts and termination log are left out: the guest takes no copies (no way into it, or Windows)",

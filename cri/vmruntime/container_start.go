@@ -40,18 +40,28 @@ func (s *Server) StartContainer(ctx context.Context, req *runtimeapi.StartContai
 		}
 	}
 
+	s.pools.starts.Add(1)
+	defer s.pools.starts.Add(-1)
+	l, pv, pooled := s.takePoolVM(ctx, sb, c)
+	if pooled {
+		c.VM.Name, c.VM.ID, c.VM.Pooled = pv.Name, l.ID, true
+	} else {
+		var vm *cocoon.VM
+		if vm, err = s.launchVM(ctx, sb, c); err == nil {
+			l = launchedFrom(vm)
+		}
+	}
 	log := s.log.With("container", c.ID, "sandbox", sb.ID, "vm", c.VM.Name)
-	vm, err := s.launchVM(ctx, sb, c)
 	var cgroup, cgroupCreated string
 	if err == nil {
-		cgroup, cgroupCreated, err = s.placeVM(sb, c, vm.PID)
+		cgroup, cgroupCreated, err = s.placeVM(sb, c, l.PID)
 	}
 	if err == nil {
-		err = s.attachDevices(ctx, sb, c, vm.ID)
+		err = s.attachDevices(ctx, sb, c, l.ID)
 	}
 	if err == nil {
 		// The VM runs either way; only the kernel's choice under memory pressure is at stake.
-		if oomErr := s.setOOMScoreAdj(c, vm.PID); oomErr != nil {
+		if oomErr := s.setOOMScoreAdj(c, l.PID); oomErr != nil {
 			log.Warn("the VM keeps the OOM score cocoon gave it", "err", oomErr)
 		}
 	}
@@ -60,6 +70,11 @@ func (s *Server) StartContainer(ctx context.Context, req *runtimeapi.StartContai
 		s.cleanUpFailedStart(sb, c)
 		if cgErr := s.removeCgroup(context.WithoutCancel(ctx), sb, c, cgroupCreated, cgroupRemoveWait); cgErr != nil {
 			log.Warn("the cgroup of a failed start is left behind", "err", cgErr)
+		}
+		if pooled && pv.Spec.Cgroup != "" {
+			if cgErr := s.dropCgroup(context.WithoutCancel(ctx), pv.Spec.Cgroup, pv.Spec.CgroupCreated, cgroupRemoveWait); cgErr != nil {
+				log.Warn("the pool cgroup of a failed start is left behind", "err", cgErr)
+			}
 		}
 		exited, recErr := s.store.Containers.Modify(c.ID, func(r *store.Container) error {
 			r.State, r.FinishedAt = store.ContainerExited, s.now()
@@ -74,13 +89,12 @@ func (s *Server) StartContainer(ctx context.Context, req *runtimeapi.StartContai
 		}
 		return nil, fmt.Errorf("start VM %s: %w", c.VM.Name, err)
 	}
-	// Unknown (0) if the hypervisor already exited: the watcher records that.
-	pidStart, _ := vmstats.StartTicks(procRoot, vm.PID)
+	if pooled {
+		cgroup, cgroupCreated = s.leavePoolCgroup(ctx, pv, cgroup, cgroupCreated)
+	}
 	running, err := s.store.Containers.Modify(c.ID, func(r *store.Container) error {
 		r.State, r.StartedAt = store.ContainerRunning, s.now()
-		r.VM.ID, r.VM.PID, r.VM.NetNS, r.VM.APISocket = vm.ID, vm.PID, vmNetNS(vm), vm.SocketPath
-		r.VM.PIDStart, r.VM.COWPath = pidStart, vmCOWPath(vm)
-		r.VM.SharedMemory = vm.Config.SharedMemory
+		l.record(&r.VM)
 		r.VM.Cgroup, r.VM.CgroupCreated = cgroup, cgroupCreated
 		return nil
 	})
@@ -89,7 +103,7 @@ func (s *Server) StartContainer(ctx context.Context, req *runtimeapi.StartContai
 	}
 	s.emit(runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT, running)
 	s.startIO(sb, running)
-	log.Info("container started", "vmID", vm.ID, "pid", vm.PID)
+	log.Info("container started", "vmID", l.ID, "pid", l.PID, "pooled", pooled)
 	return &runtimeapi.StartContainerResponse{}, nil
 }
 
@@ -152,6 +166,47 @@ func (s *Server) makeVM(ctx context.Context, cc Cocoon, c *store.Container) (*co
 		return nil, err
 	}
 	return cc.VMInspect(ctx, created.ID)
+}
+
+// launched is what StartContainer records of a VM that runs.
+type launched struct {
+	ID, NetNS, APISocket, COWPath string
+	PID                           int
+	// PIDStart is unknown (0) if the hypervisor already exited: the watcher records that.
+	PIDStart     uint64
+	SharedMemory bool
+}
+
+func launchedFrom(vm *cocoon.VM) launched {
+	pidStart, _ := vmstats.StartTicks(procRoot, vm.PID)
+	return launched{ID: vm.ID, PID: vm.PID, PIDStart: pidStart, NetNS: vmNetNS(vm), APISocket: vm.SocketPath,
+		COWPath: vmCOWPath(vm), SharedMemory: vm.Config.SharedMemory}
+}
+
+// launchedOf is the VM a record names.
+func launchedOf(v store.VM) launched {
+	return launched{ID: v.ID, PID: v.PID, PIDStart: v.PIDStart, NetNS: v.NetNS, APISocket: v.APISocket,
+		COWPath: v.COWPath, SharedMemory: v.SharedMemory}
+}
+
+// record writes the VM into a container's (or a pool VM's) record.
+func (l launched) record(v *store.VM) {
+	v.ID, v.PID, v.PIDStart, v.NetNS, v.APISocket = l.ID, l.PID, l.PIDStart, l.NetNS, l.APISocket
+	v.COWPath, v.SharedMemory = l.COWPath, l.SharedMemory
+}
+
+// leavePoolCgroup settles a handed-over VM's cgroup: the pool's goes once the VM is in the pod's;
+// a pod that names no cgroup parent keeps it, as the container's.
+func (s *Server) leavePoolCgroup(ctx context.Context, pv *store.PoolVM, cgroup, created string) (string, string) {
+	if cgroup == "" {
+		return pv.Spec.Cgroup, pv.Spec.CgroupCreated
+	}
+	if pv.Spec.Cgroup != "" {
+		if err := s.dropCgroup(context.WithoutCancel(ctx), pv.Spec.Cgroup, pv.Spec.CgroupCreated, cgroupRemoveWait); err != nil {
+			s.log.Warn("the pool cgroup of a handed-over VM is left behind", "vm", pv.Name, "err", err)
+		}
+	}
+	return cgroup, created
 }
 
 // vmCOWPath is the VM's writable disk as cocoon reports it.

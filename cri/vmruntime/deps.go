@@ -95,6 +95,14 @@ type PodNetwork interface {
 	PrepareCocoon(sandboxID, podNetNS string, result json.RawMessage) error
 	// RemoveCocoon deletes the sandbox's cocoon configuration; a missing one is fine.
 	RemoveCocoon(sandboxID string) error
+	// PreparePoolVM makes the placeholder network a warm pool VM is cloned onto (namespace
+	// NetNSPath(id), cocoon configuration CocoonConfDir(id)); RemovePoolVM removes it, and a
+	// missing one is fine.
+	PreparePoolVM(id string) error
+	RemovePoolVM(id string) error
+	// HandOver puts the sandbox's pod interface in a running pool VM's namespace, wired to its TAP
+	// in place of the placeholder.
+	HandOver(sandboxID, podNetNS, vmNetNS string) error
 	// ReclaimFromVM takes the pod interface back from a stopped VM's namespace.
 	ReclaimFromVM(sandboxID, podNetNS, vmNetNS string, result json.RawMessage) error
 

@@ -33,6 +33,8 @@ type fakeNetwork struct {
 	cocoon   map[string]json.RawMessage // cocoon's configuration, by sandbox ID: the pod's CNI result
 	serial   int
 	watches  map[*fakeTraffic]bool // open traffic watches
+	// handedOver names, by VM namespace, the sandbox whose pod interface a pool VM was given.
+	handedOver map[string]string
 }
 
 // fakeTraffic is a watch of the pod's traffic in a VM's namespace; the test sends it packets.
@@ -136,6 +138,7 @@ const fakeNetDir = "/fake-net"
 func newFakeNetwork(names ...string) *fakeNetwork {
 	n := &fakeNetwork{
 		netns: map[string]bool{}, leases: map[string]string{}, cocoon: map[string]json.RawMessage{},
+		handedOver: map[string]string{},
 	}
 	if len(names) == 0 {
 		names = []string{"podnet"}
@@ -317,6 +320,52 @@ func (n *fakeNetwork) RemoveCocoon(sandboxID string) error {
 	}
 	delete(n.cocoon, sandboxID)
 	return nil
+}
+
+// PreparePoolVM pins the pool VM's namespace and writes cocoon's configuration for it, as for a
+// sandbox, with a placeholder result.
+func (n *fakeNetwork) PreparePoolVM(id string) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := n.call("PreparePoolVM", id); err != nil {
+		return err
+	}
+	n.netns[n.netNSPath(id)] = true
+	n.cocoon[id] = json.RawMessage(`{"cniVersion":"1.0.0","ips":[{"address":"192.0.2.1/32"}]}`)
+	return nil
+}
+
+func (n *fakeNetwork) RemovePoolVM(id string) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := n.call("RemovePoolVM", id); err != nil {
+		return err
+	}
+	delete(n.netns, n.netNSPath(id))
+	delete(n.cocoon, id)
+	return nil
+}
+
+// HandOver needs the sandbox's network and a VM namespace; which sandbox's interface each VM
+// namespace got is kept for the tests.
+func (n *fakeNetwork) HandOver(sandboxID, podNetNS, vmNetNS string) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := n.call("HandOver", sandboxID, vmNetNS); err != nil {
+		return err
+	}
+	if !n.netns[podNetNS] || n.cocoon[sandboxID] == nil || vmNetNS == "" {
+		return fmt.Errorf("hand over %s's interface to %q: the sandbox has no network", sandboxID, vmNetNS)
+	}
+	n.handedOver[vmNetNS] = sandboxID
+	return nil
+}
+
+// interfaceOf is the sandbox whose pod interface a VM namespace was handed.
+func (n *fakeNetwork) interfaceOf(vmNetNS string) string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.handedOver[vmNetNS]
 }
 
 // ReclaimFromVM checks the result it is handed; the pod interface has no place to be in memory.

@@ -39,6 +39,10 @@ type fakeNode struct {
 
 func newFakeNode(t *testing.T, cfg Config) *fakeNode {
 	t.Helper()
+	if cfg.Cgroups == nil {
+		// Never the host's: a warm pool places its VMs whatever the pods ask.
+		cfg.Cgroups = &fakeCgroups{}
+	}
 	n := &fakeNode{t: t, dir: t.TempDir(), cfg: cfg, cocoon: newFakeCocoon(), net: newFakeNetwork()}
 	n.clock.Store(time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC).UnixNano())
 	n.start()

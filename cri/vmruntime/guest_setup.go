@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net"
 	"slices"
 	"strings"
 	"time"
@@ -33,7 +34,6 @@ func (s *Server) setUpGuest(ctx context.Context, sb *store.Sandbox, c *store.Con
 		log.Info("guest left as cocoon configured it: no way to run commands in it")
 		return
 	}
-	script := guestSetupScript(sb, c)
 	budget := s.cfg.GuestReadyTimeout
 	if (err != nil || path == ExecPathAgent) && s.cfg.GuestSSH.configured() {
 		// The agent gets one guest-ready timeout; a guest found to have none, a second over SSH.
@@ -41,24 +41,32 @@ func (s *Server) setUpGuest(ctx context.Context, sb *store.Sandbox, c *store.Con
 	}
 	ctx, cancel := context.WithTimeout(ctx, budget)
 	defer cancel()
+	if err := s.configureGuest(ctx, sb, c); err != nil {
+		log.Warn("the guest is left as cocoon configured it", "err", err)
+		return
+	}
+	log.Info("guest configured for the pod")
+	if c.VM.Mode == store.VMClone {
+		s.reseedClone(ctx, c, log)
+	}
+}
+
+// configureGuest runs the guest set-up script until the guest takes it, within ctx.
+func (s *Server) configureGuest(ctx context.Context, sb *store.Sandbox, c *store.Container) error {
+	script := guestSetupScript(sb, c)
 	for {
-		// The guest's output is only logged, and a hostile guest may print without end: its tail.
+		// The guest's output is only reported, and a hostile guest may print without end: its tail.
 		out := &syncio.Tail{Max: guestOutputTail}
 		code, err := s.guestExec(ctx, sb, c, systemCommand("/bin/sh", "-c", script), streaming.ExecIO{Stdout: out, Stderr: out})
 		switch {
 		case err == nil && code == 0:
-			log.Info("guest configured for the pod")
-			s.reseedClone(ctx, c, log)
-			return
+			return nil
 		case err == nil:
-			log.Warn("configuring the guest for the pod failed", "exitCode", code, "output", strings.TrimSpace(out.String()))
-			return
+			return fmt.Errorf("configuring the guest for the pod failed with exit code %d: %s", code, strings.TrimSpace(out.String()))
 		case ctx.Err() != nil:
-			log.Warn("the guest did not take commands in time; left as cocoon configured it", "err", err)
-			return
+			return fmt.Errorf("the guest did not take commands in time: %w", err)
 		case status.Code(err) == codes.FailedPrecondition:
-			log.Warn("the guest cannot take commands; left as cocoon configured it", "err", err)
-			return
+			return fmt.Errorf("the guest cannot take commands: %w", err)
 		}
 		// A guest still booting (its sshd not up yet): try again.
 		select {
@@ -72,7 +80,7 @@ func (s *Server) setUpGuest(ctx context.Context, sb *store.Sandbox, c *store.Con
 // with the snapshot's. cocoon v0.5 tries that itself after vm clone, in the background and
 // without reporting a failure; asked again once the agent has answered, it is made sure of.
 func (s *Server) reseedClone(ctx context.Context, c *store.Container, log *slog.Logger) {
-	if path, _, err := s.guestExecPath(ctx, c); err != nil || c.VM.Mode != store.VMClone || path != ExecPathAgent {
+	if path, _, err := s.guestExecPath(ctx, c); err != nil || path != ExecPathAgent {
 		return
 	}
 	if caps, err := s.cocoon.Capabilities(ctx); err != nil || !caps.ReseedMachineID {
@@ -83,6 +91,62 @@ func (s *Server) reseedClone(ctx context.Context, c *store.Container, log *slog.
 		return
 	}
 	log.Info("clone reseeded: fresh entropy and machine-id")
+}
+
+// writeGuestNetwork adds to a clone's set-up script the pod's address and default route on its NIC.
+// A booted guest took them from cocoon at boot.
+func writeGuestNetwork(b *strings.Builder, sb *store.Sandbox, c *store.Container) {
+	if c.VM.Mode != store.VMClone || sb.Network == nil || len(sb.Network.Result) == 0 {
+		return
+	}
+	result, err := tapmanager.DecodeResult(sb.Network.Result)
+	if err != nil {
+		return
+	}
+	addr, gw, ok := tapmanager.PodIPv4(result)
+	if !ok {
+		return
+	}
+	ones, _ := addr.Mask.Size()
+	mac := strings.ToLower(sb.Network.MAC)
+	if c.VM.GuestNIC != "" {
+		writeKnownNICSetUp(b, c.VM.GuestNIC, mac, fmt.Sprintf("%s/%d", addr.IP, ones), gw)
+		return
+	}
+	b.WriteString("(\nset -e\n")
+	fmt.Fprintf(b, "mac=%s\n", streaming.ShellQuote([]string{mac}))
+	b.WriteString("dev=\nfor d in /sys/class/net/*; do [ \"$(cat \"$d/address\" 2>/dev/null)\" = \"$mac\" ] && dev=${d##*/}; done\n")
+	if c.VM.Backend == cocoon.HypervisorFirecracker {
+		b.WriteString(adoptSoleNIC)
+	}
+	b.WriteString("[ -n \"$dev\" ] || { echo \"no interface with MAC $mac\" >&2; exit 1; }\n")
+	b.WriteString("ip link set \"$dev\" up\nip addr flush dev \"$dev\"\n")
+	fmt.Fprintf(b, "ip addr add %s/%d dev \"$dev\"\n", addr.IP, ones)
+	if gw != nil {
+		fmt.Fprintf(b, "ip route replace default via %s dev \"$dev\"\n", gw)
+	}
+	b.WriteString(") || failed=1\n")
+}
+
+// writeKnownNICSetUp sets up a NIC whose name is known (a warm pool VM's, named when the pool made
+// it): its MAC, address and default route, in one ip process where the guest's ip takes a batch
+// (iproute2's does; busybox's does not, and gets one process per step), since the hand-over is
+// waited for.
+func writeKnownNICSetUp(b *strings.Builder, dev, mac, cidr string, gw net.IP) {
+	steps := []string{
+		"link set dev " + dev + " down",
+		"link set dev " + dev + " address " + mac + " up",
+		"addr flush dev " + dev,
+		"addr add " + cidr + " dev " + dev,
+	}
+	if gw != nil {
+		steps = append(steps, "route replace default via "+gw.String()+" dev "+dev)
+	}
+	b.WriteString("{ ip -batch - 2>/dev/null <<'EOF'\n" + strings.Join(steps, "\n") + "\nEOF\n} || (\nset -e\n")
+	for _, step := range steps {
+		b.WriteString("ip " + step + "\n")
+	}
+	b.WriteString(") || failed=1\n")
 }
 
 // guestOutputTail is how much of the guest's output to its set-up is kept for the log.
@@ -104,36 +168,23 @@ fi
 // script still exits non-zero so the failure is logged. The NIC is found by the pod interface's
 // MAC, which cocoon gave it: its name in the guest depends on the guest. A Firecracker clone's
 // NIC keeps its snapshot's MAC (cocoon can only point it at a new TAP), so there the guest's one
-// Ethernet interface is taken and given the pod's MAC, as cocoon's own clone hints advise.
+// Ethernet interface is taken and given the pod's MAC, as cocoon's own clone hints advise. A warm
+// pool VM's NIC has its placeholder's MAC; the pool learned its name, and it is given the pod's.
 func guestSetupScript(sb *store.Sandbox, c *store.Container) string {
 	cfg := sb.Config.Msg
 	var b strings.Builder
 	b.WriteString("failed=0\n")
-	if c.VM.Mode == store.VMClone && sb.Network != nil && len(sb.Network.Result) > 0 {
-		if result, err := tapmanager.DecodeResult(sb.Network.Result); err == nil {
-			if addr, gw, ok := tapmanager.PodIPv4(result); ok {
-				ones, _ := addr.Mask.Size()
-				b.WriteString("(\nset -e\n")
-				fmt.Fprintf(&b, "mac=%s\ndev=\n", streaming.ShellQuote([]string{strings.ToLower(sb.Network.MAC)}))
-				b.WriteString("for d in /sys/class/net/*; do [ \"$(cat \"$d/address\" 2>/dev/null)\" = \"$mac\" ] && dev=${d##*/}; done\n")
-				if c.VM.Backend == cocoon.HypervisorFirecracker {
-					b.WriteString(adoptSoleNIC)
-				}
-				b.WriteString("[ -n \"$dev\" ] || { echo \"no interface with MAC $mac\" >&2; exit 1; }\n")
-				b.WriteString("ip link set \"$dev\" up\nip addr flush dev \"$dev\"\n")
-				fmt.Fprintf(&b, "ip addr add %s/%d dev \"$dev\"\n", addr.IP, ones)
-				if gw != nil {
-					fmt.Fprintf(&b, "ip route replace default via %s dev \"$dev\"\n", gw)
-				}
-				b.WriteString(") || failed=1\n")
-			}
-		}
-	}
+	writeGuestNetwork(&b, sb, c)
 	// Without a hostname in the config (crictl, critest) the guest keeps its own, as a container
 	// without one keeps the runtime's default.
 	if hostname := cfg.GetHostname(); hostname != "" {
 		quoted := streaming.ShellQuote([]string{hostname})
-		fmt.Fprintf(&b, "{ hostname %s && echo %s > /etc/hostname; } || failed=1\n", quoted, quoted)
+		set := "hostname " + quoted
+		if c.VM.GuestNIC != "" {
+			// No process for it where the hand-over is waited for.
+			set = "printf '%s' " + quoted + " > /proc/sys/kernel/hostname"
+		}
+		fmt.Fprintf(&b, "{ %s && echo %s > /etc/hostname; } || failed=1\n", set, quoted)
 	}
 	if dns := cfg.GetDnsConfig(); dns != nil && (len(dns.GetServers())+len(dns.GetSearches())+len(dns.GetOptions())) > 0 {
 		var conf strings.Builder

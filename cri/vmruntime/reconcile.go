@@ -54,6 +54,7 @@ func (s *Server) Recover(ctx context.Context) error {
 		s.log.Warn("cannot list cocoon's VMs: running containers are checked by the periodic sweep", "err", err)
 	} else {
 		s.recoverHibernations(ctx, vms)
+		s.recoverPools(ctx, vms)
 		s.checkRunning(ctx, vms)
 		s.handleOrphans(ctx, vms)
 	}
@@ -65,6 +66,9 @@ func (s *Server) Recover(ctx context.Context) error {
 	known := map[string]bool{}
 	for _, sb := range s.store.Sandboxes.List(nil) {
 		known[sb.ID] = true
+	}
+	for _, id := range s.poolNetworks() {
+		known[id] = true
 	}
 	removed, err := s.net.RemoveLeftovers(ctx, known)
 	for _, what := range removed {
@@ -120,6 +124,9 @@ func (s *Server) handleOrphans(ctx context.Context, vms []cocoon.VM) {
 	claimed := map[string]bool{}
 	for _, c := range s.store.Containers.List(nil) {
 		claimed[c.VM.ID], claimed[c.VM.Name] = true, true
+	}
+	for _, pv := range s.store.PoolVMs.List(nil) {
+		claimed[pv.Name] = true
 	}
 	var orphans []cocoon.VM
 	for _, vm := range vms {

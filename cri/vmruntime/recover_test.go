@@ -26,6 +26,42 @@ type fakeObserver struct {
 	orphans                      []int
 	restarts                     int
 	hibernations, wakes, refused int
+	// the warm pools: hand-overs, misses, fallbacks and VMs made, and the last ready count by image
+	handOvers, misses, fallbacks, refills int
+	ready                                 map[string]int
+}
+
+func (o *fakeObserver) PoolReady(image string, n int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.ready == nil {
+		o.ready = map[string]int{}
+	}
+	o.ready[image] = n
+}
+
+func (o *fakeObserver) PoolRefilled(string, time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.refills++
+}
+
+func (o *fakeObserver) PoolHandedOver(string, time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.handOvers++
+}
+
+func (o *fakeObserver) PoolMissed(string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.misses++
+}
+
+func (o *fakeObserver) PoolFellBack(string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.fallbacks++
 }
 
 func (o *fakeObserver) Hibernated(time.Duration) {

@@ -93,6 +93,9 @@ type Config struct {
 	// HibernateAfter is the idle period after which a pod's VM hibernates, for pods without the
 	// hibernate-after annotation; 0 is never.
 	HibernateAfter time.Duration
+	// WarmPools is how many VMs to keep cloned and ready, by snapshot image reference
+	// (docs/warm-pool.md).
+	WarmPools map[string]int `json:"warmPools,omitempty"`
 }
 
 // Observer is told what the runtime finds outside any RPC: VMs with cocoon-cri's names that no
@@ -110,6 +113,15 @@ type Observer interface {
 	Hibernated(took time.Duration)
 	Woke(took time.Duration)
 	HibernationFailed(took time.Duration)
+	// PoolReady is called with how many VMs an image's warm pool has ready, after each fill;
+	// PoolRefilled after each pool VM made, with how long it took; PoolHandedOver after each
+	// hand-over, PoolMissed for each pod of a pooled image that found none ready or did not fit,
+	// PoolFellBack for each failed hand-over.
+	PoolReady(image string, n int)
+	PoolRefilled(image string, took time.Duration)
+	PoolHandedOver(image string, took time.Duration)
+	PoolMissed(image string)
+	PoolFellBack(image string)
 }
 
 // Cocoon's own limits (docs/cocoon-contract.md section 1.1).
@@ -145,6 +157,8 @@ type Server struct {
 	idle idleTracker
 	// forks are the saves of fork sources under way.
 	forks forkSaves
+	// pools are the warm pools.
+	pools *warmPools
 
 	iosMu   sync.Mutex
 	ios     map[string]*containerIO // running containers' streams, by container ID
@@ -199,6 +213,7 @@ func New(cfg Config, log *slog.Logger, st *store.Store, cc Cocoon, nets PodNetwo
 			return struct{}{}, nets.Ready(ctx)
 		}),
 		nowFunc: time.Now,
+		pools:   newWarmPools(cfg.WarmPools),
 	}
 }
 

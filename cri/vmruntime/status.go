@@ -59,6 +59,9 @@ func (s *Server) Status(ctx context.Context, req *runtimeapi.StatusRequest) (*ru
 		if probe.Value != nil {
 			info["cocoonVersion"] = probe.Value
 		}
+		if pools := s.pools.info(); len(pools) > 0 {
+			info["warmPools"] = pools
+		}
 		var err error
 		if resp.Info, err = verboseInfo(info); err != nil {
 			return nil, err

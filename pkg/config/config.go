@@ -86,6 +86,18 @@ func readFile(fs *pflag.FlagSet, envPrefix, configFlag string) (map[string]strin
 				parts[i] = fmt.Sprint(p)
 			}
 			values[k] = strings.Join(parts, ",")
+		case map[string]any:
+			// A map setting (KEY: VALUE lines) is given to its flag as KEY=VALUE,...; an empty one
+			// leaves the default.
+			if len(v) == 0 {
+				continue
+			}
+			parts := make([]string, 0, len(v))
+			for key, value := range v {
+				parts = append(parts, fmt.Sprintf("%s=%v", key, value))
+			}
+			sort.Strings(parts)
+			values[k] = strings.Join(parts, ",")
 		default:
 			values[k] = fmt.Sprint(v)
 		}

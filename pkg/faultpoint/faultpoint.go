@@ -29,6 +29,15 @@ const (
 	SandboxCocoonReady  = "RunPodSandbox/cocoon-config-written"
 )
 
+// Named points of a warm pool hand-over in StartContainer (docs/warm-pool.md), in the order it
+// passes them; tapmanager's HandOver passes "placeholder set aside" and "pod interface handed
+// over" between the second and the third.
+const (
+	HandOverClaimed    = "StartContainer/pool-vm-claimed"
+	HandOverTaken      = "StartContainer/pool-vm-taken"
+	HandOverGuestSetUp = "StartContainer/pool-guest-set-up"
+)
+
 // All lists the named RunPodSandbox points, in the order a run passes them.
 var All = []string{SandboxRecorded, SandboxNetNSCreated, SandboxCNIAdded, SandboxCocoonReady}
 

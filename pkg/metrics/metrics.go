@@ -47,6 +47,11 @@ type Metrics struct {
 	orphans        prometheus.Gauge
 	watcherRestart prometheus.Counter
 	hibernations   *prometheus.HistogramVec
+	poolReady      *prometheus.GaugeVec
+	poolRefills    *prometheus.HistogramVec
+	poolHandOvers  *prometheus.HistogramVec
+	poolMisses     *prometheus.CounterVec
+	poolFallbacks  *prometheus.CounterVec
 }
 
 // Buckets, in seconds. RPCs range from a List served from memory (well under a millisecond) to a
@@ -122,11 +127,34 @@ func New(st *store.Store, version string) *Metrics {
 			Help:    "Time hibernations of idle VMs (op hibernate; result failure when cocoon refused or failed) and wakes (op wake) took.",
 			Buckets: prometheus.ExponentialBuckets(0.01, 2, 12),
 		}, []string{"op", "result"}),
+		poolReady: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "warm_pool_ready_vms",
+			Help: "VMs a warm pool holds cloned and ready for a pod, by the pool's image reference.",
+		}, []string{"image"}),
+		poolRefills: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "warm_pool_refill_duration_seconds",
+			Help:    "Time to make one warm pool VM (clone, cgroup, guest agent up), by image reference.",
+			Buckets: cocoonBuckets,
+		}, []string{"image"}),
+		poolHandOvers: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "warm_pool_handover_duration_seconds",
+			Help:    "Time to hand a warm pool VM to a starting container (pod interface, guest identity), by image reference.",
+			Buckets: ownBuckets,
+		}, []string{"image"}),
+		poolMisses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "warm_pool_misses_total",
+			Help: "Containers of a pooled image that were cloned: no pool VM was ready, or the container's VM would differ from the pool's.",
+		}, []string{"image"}),
+		poolFallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "warm_pool_fallbacks_total",
+			Help: "Hand-overs that failed: the pool VM was removed and the container cloned.",
+		}, []string{"image"}),
 	}
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.rpcs, m.rpcSeconds, m.rpcOwnSeconds, m.cocoonSeconds, m.cocoonFailures, m.cniSeconds, m.cniFailures, m.pullSeconds, m.pullBytes, m.orphans, m.watcherRestart, m.hibernations,
+		m.poolReady, m.poolRefills, m.poolHandOvers, m.poolMisses, m.poolFallbacks,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "build_info",
 			Help:        "Always 1; the version label is cocoon-cri's version.",
@@ -178,6 +206,25 @@ func (m *Metrics) ImagePulled(kind string, took time.Duration, bytes int64, pres
 
 // Orphans records how many orphan VMs the startup reconcile left on the node (cri.Observer).
 func (m *Metrics) Orphans(n int) { m.orphans.Set(float64(n)) }
+
+// PoolReady sets how many VMs an image's warm pool has ready (vmruntime.Observer).
+func (m *Metrics) PoolReady(image string, n int) { m.poolReady.WithLabelValues(image).Set(float64(n)) }
+
+// PoolRefilled records one pool VM made (vmruntime.Observer).
+func (m *Metrics) PoolRefilled(image string, took time.Duration) {
+	m.poolRefills.WithLabelValues(image).Observe(took.Seconds())
+}
+
+// PoolHandedOver records one hand-over (vmruntime.Observer).
+func (m *Metrics) PoolHandedOver(image string, took time.Duration) {
+	m.poolHandOvers.WithLabelValues(image).Observe(took.Seconds())
+}
+
+// PoolMissed counts one container of a pooled image that was cloned (vmruntime.Observer).
+func (m *Metrics) PoolMissed(image string) { m.poolMisses.WithLabelValues(image).Inc() }
+
+// PoolFellBack counts one failed hand-over (vmruntime.Observer).
+func (m *Metrics) PoolFellBack(image string) { m.poolFallbacks.WithLabelValues(image).Inc() }
 
 // Hibernated records one hibernation (cri.Observer).
 func (m *Metrics) Hibernated(took time.Duration) {

@@ -200,6 +200,13 @@ type VM struct {
 	ForkOf string `json:"fork_of,omitempty"`
 	// Hibernation is where the VM's state is kept while it hibernates.
 	Hibernation Hibernation `json:"hibernation,omitzero"`
+	// Pooled: the VM came from a warm pool (Name is the pool VM's), handed to the container at
+	// StartContainer instead of a clone. Recorded before the hand-over, so that a restart finds
+	// one it cut short.
+	Pooled bool `json:"pooled,omitempty"`
+	// GuestNIC is the guest's name of the VM's NIC, where it is known: a pool learns it when it
+	// makes the VM.
+	GuestNIC string `json:"guest_nic,omitempty"`
 }
 
 // Hibernation is a running container's VM saved and its hypervisor ended (cocoon vm hibernate):
@@ -310,3 +317,30 @@ func (v VM) StopsAtOnce() bool { return v.DirectBoot && v.Backend != backendFire
 
 // backendFirecracker is cocoon.HypervisorFirecracker, which records do not import.
 const backendFirecracker = "firecracker"
+
+// PoolVM is a VM of a warm pool: cloned from a snapshot image ahead of any pod, on a placeholder
+// network of its own, and handed to a pod's container at StartContainer instead of a clone. It
+// belongs to no pod until then. The record is written before cocoon is asked, so that a restart
+// finds what a fill cut short.
+type PoolVM struct {
+	// Name is the VM's name in cocoon (cri-pool-<random>), and the record's key.
+	Name string `json:"name"`
+	// Image is the image record's ID, and Ref the pool's reference as configured.
+	Image string `json:"image"`
+	Ref   string `json:"ref"`
+	// Spec is the VM as a pod of the image with no limits and no annotations would have it: a pod
+	// whose own spec differs cannot take this VM.
+	Spec VM `json:"spec"`
+	// Ready: the VM is cloned, placed and its guest answers; it can be handed over.
+	Ready     bool      `json:"ready,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+func (p *PoolVM) key() string { return p.Name }
+
+func (p *PoolVM) uniqueKeys() []string { return nil }
+
+func (p *PoolVM) clone() *PoolVM {
+	c := *p
+	return &c
+}

@@ -51,6 +51,7 @@ type Store struct {
 	Sandboxes  *Table[Sandbox]
 	Containers *Table[Container]
 	Images     *Table[Image]
+	PoolVMs    *Table[PoolVM]
 	// Quarantined lists the records this Open moved to the quarantine bucket.
 	Quarantined []Quarantined
 }
@@ -73,6 +74,7 @@ func Open(path string) (*Store, error) {
 		Sandboxes:  newTable(commits, "sandboxes", "sandbox", (*Sandbox).key, (*Sandbox).uniqueKeys, (*Sandbox).clone),
 		Containers: newTable(commits, "containers", "container", (*Container).key, (*Container).uniqueKeys, (*Container).clone),
 		Images:     newTable(commits, "images", "image", (*Image).key, (*Image).uniqueKeys, (*Image).clone),
+		PoolVMs:    newTable(commits, "pool_vms", "pool VM", (*PoolVM).key, (*PoolVM).uniqueKeys, (*PoolVM).clone),
 	}
 	if err := s.init(); err != nil {
 		db.Close()
@@ -100,7 +102,7 @@ func (s *Store) init() error {
 			return fmt.Errorf("written by a newer cocoon-cri (schema %d, this build reads up to %d)", version, SchemaVersion)
 		}
 		// Migrations from older schemas go here, in order, inside this transaction.
-		for _, t := range []interface{ createBucket(*bolt.Tx) error }{s.Sandboxes, s.Containers, s.Images} {
+		for _, t := range []interface{ createBucket(*bolt.Tx) error }{s.Sandboxes, s.Containers, s.Images, s.PoolVMs} {
 			if err := t.createBucket(tx); err != nil {
 				return err
 			}
@@ -113,7 +115,7 @@ func (s *Store) init() error {
 	return s.db.Update(func(tx *bolt.Tx) error {
 		for _, t := range []interface {
 			load(*bolt.Tx) ([]Quarantined, error)
-		}{s.Sandboxes, s.Containers, s.Images} {
+		}{s.Sandboxes, s.Containers, s.Images, s.PoolVMs} {
 			bad, err := t.load(tx)
 			if err != nil {
 				return err

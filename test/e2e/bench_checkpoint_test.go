@@ -103,7 +103,7 @@ func TestBenchmarkCheckpoint(t *testing.T) {
 // timedPlainStart runs a plain pod of the snapshot image, times its StartContainer, and removes it.
 func timedPlainStart(ctx context.Context, t *testing.T, n *node, rt runtimeapi.RuntimeServiceClient, i int) time.Duration {
 	t.Helper()
-	pod, ctr := createPod(ctx, t, rt, n.podConfig(fmt.Sprintf("plain-%d", i), fmt.Sprintf("uid-plain-%d", i)))
+	pod, ctr := createPod(ctx, t, rt, n.podConfig(fmt.Sprintf("plain-%d", i), fmt.Sprintf("uid-plain-%d", i)), snapRef)
 	start := time.Now()
 	if _, err := rt.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: ctr}); err != nil {
 		t.Fatal(err)
@@ -113,14 +113,14 @@ func timedPlainStart(ctx context.Context, t *testing.T, n *node, rt runtimeapi.R
 	return took
 }
 
-// createPod runs a pod of cfg and creates its container of the snapshot image, through the CRI.
-func createPod(ctx context.Context, t *testing.T, rt runtimeapi.RuntimeServiceClient, cfg *runtimeapi.PodSandboxConfig) (pod, ctr string) {
+// createPod runs a pod of cfg and creates its container of image, through the CRI.
+func createPod(ctx context.Context, t *testing.T, rt runtimeapi.RuntimeServiceClient, cfg *runtimeapi.PodSandboxConfig, image string) (pod, ctr string) {
 	t.Helper()
 	p, err := rt.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: cfg, RuntimeHandler: "cocoon"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := rt.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: p.GetPodSandboxId(), Config: containerConfig("app", snapRef), SandboxConfig: cfg})
+	c, err := rt.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: p.GetPodSandboxId(), Config: containerConfig("app", image), SandboxConfig: cfg})
 	if err != nil {
 		t.Fatal(err)
 	}

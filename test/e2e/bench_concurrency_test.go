@@ -49,7 +49,7 @@ func TestBenchmarkConcurrentStarts(t *testing.T) {
 		wg.Go(func() {
 			<-go1
 			start := time.Now()
-			errs[i] = startPod(ctx, n, rt, fmt.Sprintf("at-once-%02d", i))
+			errs[i] = startPod(ctx, n, rt, fmt.Sprintf("at-once-%02d", i), snapRef)
 			running[i] = time.Since(start)
 		})
 	}
@@ -189,14 +189,14 @@ func (c cpuTimes) busyShare() float64   { return (c.total - c.idle) / c.total }
 func (c cpuTimes) busySeconds() float64 { return (c.total - c.idle) / userHZ }
 func (c cpuTimes) kernelShare() float64 { return c.system / (c.total - c.idle) }
 
-// startPod makes a VM pod and starts its container.
-func startPod(ctx context.Context, n *node, rt runtimeapi.RuntimeServiceClient, name string) error {
+// startPod makes a VM pod of image and starts its container.
+func startPod(ctx context.Context, n *node, rt runtimeapi.RuntimeServiceClient, name, image string) error {
 	cfg := n.podConfig(name, "uid-"+name)
 	pod, err := rt.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: cfg, RuntimeHandler: "cocoon"})
 	if err != nil {
 		return fmt.Errorf("%s: RunPodSandbox: %w", name, err)
 	}
-	ctr, err := rt.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod.PodSandboxId, Config: containerConfig("main", snapRef), SandboxConfig: cfg})
+	ctr, err := rt.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod.PodSandboxId, Config: containerConfig("main", image), SandboxConfig: cfg})
 	if err != nil {
 		return fmt.Errorf("%s: CreateContainer: %w", name, err)
 	}

@@ -124,7 +124,7 @@ func forkPods(ctx context.Context, t *testing.T, n *node, rt runtimeapi.RuntimeS
 	for i := range count {
 		cfg := n.podConfig(fmt.Sprintf("fork-%s-%d", tag, i), fmt.Sprintf("uid-fork-%s-%d", tag, i))
 		cfg.Annotations[vmruntime.AnnotationForkFrom] = "default/sleepy"
-		pod, ctr := createPod(ctx, t, rt, cfg)
+		pod, ctr := createPod(ctx, t, rt, cfg, snapRef)
 		pods, ctrs = append(pods, pod), append(ctrs, ctr)
 	}
 	var wg sync.WaitGroup

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -301,9 +302,15 @@ func (n *node) runScenario(sc crashScenario, tag, point string) {
 
 // checkConsistent compares the CRI view with cocoon's records: every running container's VM runs,
 // and every VM named like cocoon-cri's belongs to a container.
-func (n *node) checkConsistent(when string) {
+func (n *node) checkConsistent(when string) { n.checkConsistentBeside(when, nil) }
+
+// checkConsistentBeside is checkConsistent where the VMs in also (by name) may be no container's.
+func (n *node) checkConsistentBeside(when string, also map[string]bool) {
 	n.t.Helper()
-	claimed := map[string]bool{}
+	claimed := maps.Clone(also)
+	if claimed == nil {
+		claimed = map[string]bool{}
+	}
 	for _, id := range strings.Fields(n.mustCrictl("ps", "-a", "-q")) {
 		c := n.inspect("inspect", id)
 		vmName, _ := field(c, "info", "vm", "name").(string)

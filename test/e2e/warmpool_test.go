@@ -1,0 +1,226 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/cocoonstack/cocoon-cri/cri/vmruntime"
+	"github.com/cocoonstack/cocoon-cri/pkg/faultpoint"
+	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
+	"github.com/cocoonstack/cocoon-cri/test/testimage"
+)
+
+// warmPools is what crictl info shows of the pools.
+func (n *node) warmPools() []vmruntime.WarmPoolInfo {
+	n.t.Helper()
+	var info struct {
+		Info struct {
+			WarmPools []vmruntime.WarmPoolInfo `json:"warmPools"`
+		} `json:"info"`
+	}
+	if err := json.Unmarshal([]byte(n.mustCrictl("info", "-o", "json")), &info); err != nil {
+		n.t.Fatal(err)
+	}
+	return info.Info.WarmPools
+}
+
+// waitPoolReady waits until the first pool has ready VMs ready.
+func (n *node) waitPoolReady(ready int) {
+	n.t.Helper()
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		pools := n.warmPools()
+		if len(pools) > 0 && pools[0].Ready == ready {
+			return
+		}
+		if time.Now().After(deadline) {
+			n.t.Fatalf("the warm pool never had %d ready: %+v", ready, pools)
+		}
+	}
+}
+
+// cocoonVMNames are the names of cocoon's VMs that start with prefix, sorted.
+func (n *node) cocoonVMNames(prefix string) []string {
+	n.t.Helper()
+	out, err := n.cocoon("vm", "list", "-o", "json")
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	var vms []struct {
+		Config struct {
+			Name string `json:"name"`
+		} `json:"config"`
+	}
+	if err := json.Unmarshal([]byte(out), &vms); err != nil {
+		n.t.Fatalf("vm list: %v: %s", err, out)
+	}
+	var names []string
+	for _, vm := range vms {
+		if strings.HasPrefix(vm.Config.Name, prefix) {
+			names = append(names, vm.Config.Name)
+		}
+	}
+	slices.Sort(names)
+	return names
+}
+
+// TestWarmPoolHandsReadyVMsToPods: with --warm-pool, VMs of the image are cloned ahead; a pod of
+// the image takes one at its start, with its own hostname, environment, IP (it answers HTTP there)
+// and machine-id; the pool refills; a restart adopts the pool; RemoveImage drains it.
+func TestWarmPoolHandsReadyVMsToPods(t *testing.T) {
+	n := newNode(t, "--warm-pool", snapRef+"=2")
+	n.importImage(snapRef, n.snapshotImage("web", testimage.SnapshotOptions{Guest: guest.Spec{HTTPPort: 80}}))
+	n.waitPoolReady(2)
+	pool := n.cocoonVMNames("cri-pool-")
+	if len(pool) != 2 {
+		t.Fatalf("pool VMs in cocoon %q, want 2", pool)
+	}
+	if pods := n.mustCrictl("pods", "-q"); pods != "" {
+		t.Fatalf("pool VMs show as pods: %q", pods)
+	}
+
+	ids := map[string]string{}
+	for _, name := range []string{"alpha", "beta"} {
+		podID, ctr, _ := n.runningPodWith(name, snapRef, func(c *runtimeapi.ContainerConfig) {
+			c.Envs = append(c.Envs, &runtimeapi.KeyValue{Key: "GREETING", Value: []byte("hello " + name)})
+		})
+		vm, _ := field(n.inspect("inspect", ctr), "info", "vm", "name").(string)
+		if !slices.Contains(pool, vm) {
+			t.Fatalf("pod %s runs VM %q, not one of the pool's %q", name, vm, pool)
+		}
+		if out := n.mustCrictl("exec", ctr, "sh", "-c", "hostname; echo $GREETING"); out != name+"\nhello "+name {
+			t.Fatalf("pod %s from the pool: %q, want its own hostname and environment", name, out)
+		}
+		n.httpGetUntil(fmt.Sprintf("http://%s/", n.podIP(podID)), name)
+		ids[name] = n.mustCrictl("exec", ctr, "cat", "/etc/machine-id")
+	}
+	if ids["alpha"] == "" || ids["alpha"] == ids["beta"] {
+		t.Fatalf("machine-ids %q: each pooled pod has its own", ids)
+	}
+
+	// The pool refills; a restart adopts its VMs rather than cloning new ones.
+	n.waitPoolReady(2)
+	refilled := slices.DeleteFunc(n.cocoonVMNames("cri-pool-"), func(name string) bool { return slices.Contains(pool, name) })
+	n.restart()
+	n.waitPoolReady(2)
+	after := slices.DeleteFunc(n.cocoonVMNames("cri-pool-"), func(name string) bool { return slices.Contains(pool, name) })
+	if !slices.Equal(after, refilled) {
+		t.Fatalf("pool VMs after a restart %q, want the adopted %q", after, refilled)
+	}
+
+	// RemoveImage drains the pool; the pods' VMs stay.
+	n.mustCrictl("rmi", snapRef)
+	if left := n.cocoonVMNames("cri-pool-"); !slices.Equal(left, pool) {
+		t.Fatalf("VMs after RemoveImage %q, want only the pods' %q", left, pool)
+	}
+	if pools := n.warmPools(); pools[0].Ready != 0 || !strings.Contains(pools[0].Reason, "not on the node") {
+		t.Fatalf("the pool without its image: %+v", pools)
+	}
+}
+
+// poolHoldings is what the node holds for its pool VMs (their namespaces, the VMs' namespaces and
+// cocoon configurations), which a pod's life may leave.
+func (n *node) poolHoldings() map[string]bool {
+	n.t.Helper()
+	claimed := map[string]bool{}
+	for _, id := range strings.Fields(n.mustCrictl("ps", "-a", "-q")) {
+		name, _ := field(n.inspect("inspect", id), "info", "vm", "name").(string)
+		claimed[name] = true
+	}
+	held := map[string]bool{}
+	for _, vm := range n.vms() {
+		if name := vm.Config.Name; strings.HasPrefix(name, "cri-pool-") && !claimed[name] {
+			netID := "pool" + strings.TrimPrefix(name, "cri-pool-")
+			held["cocoon-cri-"+netID], held["cocoon-"+vm.ID], held["cocoon network config "+netID] = true, true, true
+			held["vm "+name] = true
+		}
+	}
+	return held
+}
+
+// poolVMs are the names of the pool's VMs that no container has taken.
+func (n *node) poolVMs() map[string]bool {
+	n.t.Helper()
+	vms := map[string]bool{}
+	for item := range n.poolHoldings() {
+		if name, ok := strings.CutPrefix(item, "vm "); ok {
+			vms[name] = true
+		}
+	}
+	return vms
+}
+
+// checkOnlyPoolLeft checks that nothing but the pool's own VMs and their network is on the node.
+func (n *node) checkOnlyPoolLeft(when string) {
+	n.t.Helper()
+	held := n.poolHoldings()
+	for _, vm := range n.vms() {
+		if !held["vm "+vm.Config.Name] {
+			n.t.Fatalf("%s: VM %s (%s) is neither a pool's nor a container's", when, vm.Config.Name, vm.State)
+		}
+	}
+	for _, item := range n.leftovers() {
+		if !held[item] {
+			n.t.Fatalf("%s: left behind: %s (the pool holds %v)", when, item, held)
+		}
+	}
+}
+
+// TestCrashInAWarmPoolHandOver kills cocoon-cri with SIGKILL in a pool's fill and at every named
+// point of a hand-over; after the restart the kubelet starts the container again, and it runs with
+// the pod's identity; the pod's removal leaves nothing but the pool; a restart without the pool
+// leaves nothing at all.
+func TestCrashInAWarmPoolHandOver(t *testing.T) {
+	n := newNodeWithEnv(t, []string{faultpoint.EnvVar + "=cocoon vm clone/after"}, "--warm-pool", snapRef+"=1")
+	n.withSnapshot() // the pool fills, and its clone is the daemon's first
+	if !n.died(time.Minute) {
+		t.Fatal("cocoon-cri did not die after the pool's clone")
+	}
+	n.env = nil
+	n.start()
+	n.waitPoolReady(1)
+	n.checkOnlyPoolLeft("after a crash in the pool's fill")
+
+	n.bin = bins.cocoonCRIPlain
+	for i, point := range []string{faultpoint.HandOverClaimed, faultpoint.HandOverTaken, "placeholder set aside",
+		"pod interface handed over", faultpoint.HandOverGuestSetUp} {
+		name := fmt.Sprintf("handover-%d", i)
+		n.stop()
+		n.env = []string{faultpoint.EnvVar + "=" + point}
+		n.start()
+		n.waitPoolReady(1)
+		pod := n.podConfig(name, "uid-"+name)
+		podFile := n.configFile(name+"-pod.json", pod)
+		podID := n.mustCrictl("runp", "--runtime", "cocoon", podFile)
+		ctr := n.mustCrictl("create", "--no-pull", podID, n.configFile(name+"-ctr.json", containerConfig("app", snapRef)), podFile)
+		if _, err := n.crictl("start", ctr); err == nil || !n.died(5*time.Second) {
+			t.Fatalf("%s: the start did not die there: %v", point, err)
+		}
+		n.env = nil
+		n.start()
+		if state := field(n.inspect("inspect", ctr), "status", "state"); state == "CONTAINER_CREATED" {
+			n.mustCrictl("start", ctr)
+		}
+		if out := n.mustCrictl("exec", ctr, "hostname"); out != name {
+			t.Fatalf("%s: the container runs with hostname %q, want its pod's", point, out)
+		}
+		n.checkConsistentBeside(point, n.poolVMs())
+		n.mustCrictl("stopp", podID)
+		n.mustCrictl("rmp", podID)
+		n.checkOnlyPoolLeft(point)
+	}
+
+	n.extra = nil
+	n.restart()
+	if vms := n.vms(); len(vms) != 0 {
+		t.Fatalf("VMs left after a restart without the pool: %+v", vms)
+	}
+	if left := n.leftovers(); len(left) != 0 {
+		t.Fatalf("left behind after a restart without the pool: %v", left)
+	}
+}
