@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -34,6 +35,9 @@ const (
 	clusterCrashImage = "cocoon.local/crashing:v1"
 )
 
+// clusterPoolSize is the warm pool of clusterWebImage every cluster keeps (docs/warm-pool.md).
+const clusterPoolSize = 5
+
 // TestServeCluster is what hack/cluster.sh up runs: a node (cocoon-cri on the simulator,
 // containerd through passthrough) with the control plane, served until SIGTERM. It writes
 // <dir>/env (the exports for kubectl and crictl) and <dir>/node (where the node keeps its files)
@@ -45,7 +49,7 @@ func TestServeCluster(t *testing.T) {
 	}
 	cgroupRoot := testCgroupParent(t) // removed after the node, registered before it
 	makeCgroup(t, cgroupRoot)
-	n, ctrd := newPassthroughNode(t, containerdtest.Options{})
+	n, ctrd := newPassthroughNode(t, containerdtest.Options{}, "--warm-pool", fmt.Sprintf("%s=%d", clusterWebImage, clusterPoolSize))
 	n.start()
 	c := n.startCluster(cgroupRoot)
 	n.importImage(clusterWebImage, n.snapshotImage("web", testimage.SnapshotOptions{Guest: guest.Spec{Busybox: true, HTTPPort: 80}}))
@@ -207,6 +211,24 @@ func (k kubectlUser) eventually(what string, fn func() error) {
 	k.t.Fatalf("%s: not within 3 minutes: %v", what, last)
 }
 
+// clusterDeployment is a Deployment of VM pods, at 0 replicas.
+const clusterDeployment = `apiVersion: apps/v1
+kind: Deployment
+metadata: {name: sandboxes}
+spec:
+  replicas: 0
+  selector: {matchLabels: {app: sandboxes}}
+  template:
+    metadata: {labels: {app: sandboxes}}
+    spec:
+      runtimeClassName: cocoon
+      terminationGracePeriodSeconds: 5
+      containers:
+      - name: sandbox
+        image: ` + clusterWebImage + `
+        imagePullPolicy: Never
+`
+
 const clusterPods = `apiVersion: v1
 kind: ConfigMap
 metadata: {name: app}
@@ -296,9 +318,10 @@ spec:
 // port-forward reach the guest through the API server and the kubelet; env from a ConfigMap, a
 // ConfigMap and a Secret volume and the service-account token reach the guest, and so does an
 // edit of the ConfigMap; the node's summary shows
-// the VM's CPU and memory, and the kubelet's pod cgroup holds the VM's hypervisor; deleting the
-// pods leaves no sandbox, VM, namespace, veth, address lease or pod cgroup; and down removes the
-// whole cluster.
+// the VM's CPU and memory, and the kubelet's pod cgroup holds the VM's hypervisor; a Deployment
+// scaled from 0 to 5 takes its VMs from the node's warm pool; deleting the pods leaves no sandbox,
+// VM (but the pool's), namespace, veth, address lease or pod cgroup; and down removes the whole
+// cluster.
 func TestCluster(t *testing.T) {
 	env, nodeFiles := upCluster(t)
 	k := kubectlUser{t: t, env: append(os.Environ(), "KUBECONFIG="+env["KUBECONFIG"])}
@@ -514,7 +537,43 @@ func TestCluster(t *testing.T) {
 		t.Errorf("the pod cgroup's memory usage: %q, %v", usage, err)
 	}
 
-	// delete: nothing of the pods is left on the node.
+	// A Deployment scaled from 0 to 5 takes its VMs from the warm pool, once it is full again.
+	if _, err := k.run(strings.NewReader(clusterDeployment), "apply", "-f", "-"); err != nil {
+		t.Fatal(err)
+	}
+	k.eventually("the warm pool full", func() error {
+		var info struct {
+			Info struct {
+				WarmPools []struct{ Ready int } `json:"warmPools"`
+			} `json:"info"`
+		}
+		if err := json.Unmarshal([]byte(crictl("info", "-o", "json")), &info); err != nil {
+			return err
+		}
+		if len(info.Info.WarmPools) != 1 || info.Info.WarmPools[0].Ready != clusterPoolSize {
+			return fmt.Errorf("warm pools %+v", info.Info.WarmPools)
+		}
+		return nil
+	})
+	k.must("scale", "deployment", "sandboxes", "--replicas", strconv.Itoa(clusterPoolSize))
+	k.must("rollout", "status", "deployment/sandboxes", "--timeout=180s")
+	sandboxCtrs := strings.Fields(crictl("ps", "--name", "^sandbox$", "-q"))
+	if len(sandboxCtrs) != clusterPoolSize {
+		t.Errorf("the Deployment's containers %q, want %d", sandboxCtrs, clusterPoolSize)
+	}
+	for _, id := range sandboxCtrs {
+		var vm struct {
+			Info struct {
+				VM struct{ Name string } `json:"vm"`
+			} `json:"info"`
+		}
+		if err := json.Unmarshal([]byte(crictl("inspect", id)), &vm); err != nil || !strings.HasPrefix(vm.Info.VM.Name, "cri-pool-") {
+			t.Errorf("the Deployment's container %s runs VM %q (%v), not one from the warm pool", id, vm.Info.VM.Name, err)
+		}
+	}
+	k.must("delete", "deployment", "sandboxes", "--wait", "--timeout=180s")
+
+	// delete: nothing of the pods is left on the node but the warm pool's VMs.
 	k.must("delete", "pod", "--all", "--wait", "--timeout=180s")
 	k.eventually("nothing left of the pods", func() error {
 		var left []string
@@ -523,11 +582,28 @@ func TestCluster(t *testing.T) {
 		}
 		vms, err := exec.Command(bins.cocoonSim, "--root-dir", nodeFiles["cocoon-root"], "--run-dir", nodeFiles["cocoon-run"],
 			"--log-dir", nodeFiles["cocoon-log"], "vm", "list", "-o", "json").Output()
-		if err != nil || strings.Contains(string(vms), `"id"`) {
+		var listed []struct {
+			Config struct{ Name string } `json:"config"`
+		}
+		if err == nil {
+			err = json.Unmarshal(vms, &listed)
+		}
+		pooled := 0
+		for _, vm := range listed {
+			if strings.HasPrefix(vm.Config.Name, "cri-pool-") {
+				pooled++
+			} else {
+				left = append(left, "VM "+vm.Config.Name)
+			}
+		}
+		if err != nil || pooled > clusterPoolSize {
 			left = append(left, fmt.Sprintf("VMs %s %v", vms, err))
 		}
-		if entries, _ := os.ReadDir(nodeFiles["netns"]); len(entries) > 0 {
-			left = append(left, fmt.Sprintf("pod network namespaces %v", entries))
+		entries, _ := os.ReadDir(nodeFiles["netns"])
+		for _, e := range entries {
+			if !strings.HasPrefix(e.Name(), "cocoon-cri-pool") {
+				left = append(left, "pod network namespace "+e.Name())
+			}
 		}
 		if leases, _ := filepath.Glob(filepath.Join(nodeFiles["ipam"], "pods", "10.*")); len(leases) > 0 {
 			left = append(left, fmt.Sprintf("address leases %v", leases))
