@@ -71,7 +71,8 @@ func (n *node) cocoonVMNames(prefix string) []string {
 
 // TestWarmPoolHandsReadyVMsToPods: with --warm-pool, VMs of the image are cloned ahead; a pod of
 // the image takes one at its start, with its own hostname, environment, IP (it answers HTTP there)
-// and machine-id; the pool refills; a restart adopts the pool; RemoveImage drains it.
+// and machine-id; a pod whose VM would differ is cloned; the pool refills; a restart adopts the
+// pool; RemoveImage drains it.
 func TestWarmPoolHandsReadyVMsToPods(t *testing.T) {
 	n := newNode(t, "--warm-pool", snapRef+"=2")
 	n.importImage(snapRef, n.snapshotImage("web", testimage.SnapshotOptions{Guest: guest.Spec{HTTPPort: 80}}))
@@ -101,6 +102,12 @@ func TestWarmPoolHandsReadyVMsToPods(t *testing.T) {
 	}
 	if ids["alpha"] == "" || ids["alpha"] == ids["beta"] {
 		t.Fatalf("machine-ids %q: each pooled pod has its own", ids)
+	}
+
+	// A pod whose VM would differ from the pool's (no direct I/O) is cloned: a miss.
+	_, odd, _ := n.runningPodAnnotated("odd", snapRef, map[string]string{vmruntime.AnnotationNoDirectIO: "true"}, func(*runtimeapi.ContainerConfig) {})
+	if vm, _ := field(n.inspect("inspect", odd), "info", "vm", "name").(string); strings.HasPrefix(vm, "cri-pool-") {
+		t.Fatalf("a pod that does not fit the pool took pool VM %s", vm)
 	}
 
 	// The pool refills; a restart adopts its VMs rather than cloning new ones.
