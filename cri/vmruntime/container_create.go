@@ -172,6 +172,10 @@ func validateContainerConfig(cfg *runtimeapi.ContainerConfig) error {
 			return invalid("envs: the value of %s holds a NUL byte, which no process environment can", kv.GetKey())
 		}
 	}
+	// The console log is written there: it must stay inside the pod's log directory.
+	if p := cfg.GetLogPath(); p != "" && (!filepath.IsLocal(p) || strings.IndexByte(p, 0) >= 0) {
+		return invalid("log_path %q must be a relative path inside the pod's log directory (the kubelet's is <container>/<restart>.log)", p)
+	}
 	if dir := cfg.GetWorkingDir(); dir != "" && (!path.IsAbs(dir) || strings.IndexByte(dir, 0) >= 0) {
 		return invalid("working_dir %q must be an absolute path in the guest", dir)
 	}

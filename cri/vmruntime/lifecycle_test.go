@@ -427,6 +427,8 @@ func TestLifecycleRefusals(t *testing.T) {
 	badAnnotation.Annotations = map[string]string{AnnotationStorage: "lots"}
 	otherNetwork := podConfig("other")
 	otherNetwork.Annotations = map[string]string{AnnotationNetwork: "management"}
+	relativeLogs, escapingLogs := podConfig("rel"), podConfig("esc")
+	relativeLogs.LogDirectory, escapingLogs.LogDirectory = "var/log/pods/x", "/var/log/pods/../../../tmp"
 	for _, tc := range []struct {
 		name string
 		req  *runtimeapi.RunPodSandboxRequest
@@ -439,6 +441,8 @@ func TestLifecycleRefusals(t *testing.T) {
 		{"host network", &runtimeapi.RunPodSandboxRequest{Config: hostNetwork, RuntimeHandler: HandlerName}, codes.InvalidArgument},
 		{"bad annotation", &runtimeapi.RunPodSandboxRequest{Config: badAnnotation, RuntimeHandler: HandlerName}, codes.InvalidArgument},
 		{"network not allowed", &runtimeapi.RunPodSandboxRequest{Config: otherNetwork, RuntimeHandler: HandlerName}, codes.InvalidArgument},
+		{"relative log directory", &runtimeapi.RunPodSandboxRequest{Config: relativeLogs, RuntimeHandler: HandlerName}, codes.InvalidArgument},
+		{"unclean log directory", &runtimeapi.RunPodSandboxRequest{Config: escapingLogs, RuntimeHandler: HandlerName}, codes.InvalidArgument},
 		{"name taken", &runtimeapi.RunPodSandboxRequest{Config: podConfig("web"), RuntimeHandler: HandlerName}, codes.AlreadyExists},
 	} {
 		_, err := n.s.RunPodSandbox(ctx, tc.req)
@@ -456,6 +460,8 @@ func TestLifecycleRefusals(t *testing.T) {
 	noName := containerConfig("", snapshotRef)
 	badEnv := containerConfig("env", snapshotRef)
 	badEnv.Envs = []*runtimeapi.KeyValue{{Key: "A=B", Value: []byte("x")}}
+	escapingLog, absoluteLog := containerConfig("esc", snapshotRef), containerConfig("abs", snapshotRef)
+	escapingLog.LogPath, absoluteLog.LogPath = "../../../../tmp/x.log", "/tmp/x.log"
 	for _, tc := range []struct {
 		name    string
 		sandbox string
@@ -466,6 +472,8 @@ func TestLifecycleRefusals(t *testing.T) {
 		{"no name", sandboxID, noName, codes.InvalidArgument},
 		{"no image", sandboxID, containerConfig("app", ""), codes.InvalidArgument},
 		{"bad env", sandboxID, badEnv, codes.InvalidArgument},
+		{"log path leaving the log directory", sandboxID, escapingLog, codes.InvalidArgument},
+		{"absolute log path", sandboxID, absoluteLog, codes.InvalidArgument},
 		{"image not on the node", sandboxID, containerConfig("app", "cocoon.local/missing:v1"), codes.NotFound},
 		{"no sandbox ID", "", containerConfig("app", snapshotRef), codes.InvalidArgument},
 	} {

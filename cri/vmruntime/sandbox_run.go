@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"regexp"
 	"strings"
 
@@ -125,6 +126,10 @@ func (s *Server) validateSandboxConfig(cfg *runtimeapi.PodSandboxConfig, handler
 	}
 	if err := s.checkHandler(handler); err != nil {
 		return err
+	}
+	// The console log is written there: a client must not point cocoon-cri's writes elsewhere.
+	if dir := cfg.GetLogDirectory(); dir != "" && (!filepath.IsAbs(dir) || filepath.Clean(dir) != dir || strings.IndexByte(dir, 0) >= 0) {
+		return invalid("log_directory %q must be an absolute, clean path on the node (the kubelet's is /var/log/pods/<namespace>_<name>_<uid>)", dir)
 	}
 	ns := cfg.GetLinux().GetSecurityContext().GetNamespaceOptions()
 	for _, host := range []struct {
