@@ -1,12 +1,9 @@
 package vmruntime
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"syscall"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -171,7 +168,7 @@ func (s *Server) checkVMEndedOnce(ctx context.Context, sandboxID, containerID, v
 		return true
 	case deadButRunning:
 		why := "nothing reaped it"
-		if !zombie(vm.PID) && processAlive(vm.PID) {
+		if vmstats.Running(procRoot, vm.PID) {
 			why = "its PID now belongs to another process"
 		}
 		st = exitStatus{killedExitCode, reasonVMCrashed, fmt.Sprintf("the hypervisor process (PID %d) ended unexpectedly; cocoon still reports it running because %s", vm.PID, why)}
@@ -218,13 +215,11 @@ func (s *Server) runningContainersOf(vmID string) []*store.Container {
 	})
 }
 
-// processAlive reports whether pid names a live process (EPERM: alive, owned by someone else).
-// A zombie is not alive: it has exited, and only waits for a parent (or an init) to reap it.
 // vmAlive reports whether the hypervisor cocoon names by pid runs. When that is the process the
 // container's start recorded, it must be that very process, told by its start time: a PID is
 // reused once its process is gone, and cocoon's own check (kill(pid, 0)) cannot tell.
 func vmAlive(pid int, rec store.VM) bool {
-	if !processAlive(pid) {
+	if !vmstats.Running(procRoot, pid) {
 		return false
 	}
 	if pid != rec.PID || rec.PIDStart == 0 {
@@ -280,25 +275,4 @@ func pollVMGone(ctx context.Context, pid int, rec store.VM) error {
 		}
 	}
 	return nil
-}
-
-func processAlive(pid int) bool {
-	if pid <= 0 {
-		return false
-	}
-	if err := syscall.Kill(pid, 0); err != nil && !errors.Is(err, syscall.EPERM) {
-		return false
-	}
-	return !zombie(pid)
-}
-
-// zombie reports whether /proc says pid has exited unreaped. The command name in /proc/PID/stat
-// may hold spaces and parentheses, so the state is the first field after the last ')'.
-func zombie(pid int) bool {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	_, rest, ok := bytes.Cut(data[bytes.LastIndexByte(data, ')')+1:], []byte(" "))
-	return ok && len(rest) > 0 && (rest[0] == 'Z' || rest[0] == 'X')
 }

@@ -5,10 +5,13 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
 func TestWatchVMsHandsOverEventsInOrder(t *testing.T) {
@@ -94,12 +97,12 @@ func TestWatchVMsOutlivesRetiredThreads(t *testing.T) {
 	}
 	// Killed, the fake stays a zombie: its sleeping child holds the pipe, so no one reaps it yet.
 	time.Sleep(100 * time.Millisecond)
-	stat, err := os.ReadFile(filepath.Join("/proc", strings.TrimSpace(string(shell)), "stat"))
+	pid, err := strconv.Atoi(strings.TrimSpace(string(shell)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:])); fields[0] != "S" {
-		t.Fatalf("the stream's process is in state %s after other goroutines retired their threads, want S (alive, waiting)", fields[0])
+	if state := testproc.State(pid); state != "S" {
+		t.Fatalf("the stream's process is in state %q after other goroutines retired their threads, want S (alive, waiting)", state)
 	}
 	cancel()
 	if err := <-done; err != nil {

@@ -169,15 +169,31 @@ func (f *ProcessFiles) read(file *os.File) ([]byte, error) {
 
 // StartTicks reads only when process pid started (clock ticks since boot), to recognise it later.
 func StartTicks(procRoot string, pid int) (uint64, error) {
+	st, err := ReadStat(procRoot, pid)
+	return st.StartTime, err
+}
+
+// ReadStat reads /proc/<pid>/stat; ErrGone when there is no such process.
+func ReadStat(procRoot string, pid int) (Stat, error) {
 	data, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "stat"))
 	if err != nil {
-		return 0, gone(pid, err)
+		return Stat{}, gone(pid, err)
 	}
 	st, err := ParseStat(data)
 	if err != nil {
-		return 0, fmt.Errorf("pid %d: %w", pid, err)
+		return Stat{}, fmt.Errorf("pid %d: %w", pid, err)
 	}
-	return st.StartTime, nil
+	return st, nil
+}
+
+// Running says whether pid is a process that has not exited. A zombie has: it only waits for its
+// parent to reap it, and holds no memory and runs nothing.
+func Running(procRoot string, pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	st, err := ReadStat(procRoot, pid)
+	return err == nil && st.State != 'Z' && st.State != 'X'
 }
 
 func gone(pid int, err error) error {

@@ -1,7 +1,6 @@
 package cocoonsim_test
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +11,7 @@ import (
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
+	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
 // guestMachineID reads a VM's /etc/machine-id from the host side of the guest's files, which
@@ -96,7 +96,7 @@ func TestV05ListsReconcile(t *testing.T) {
 			if err := syscall.Kill(vm.PID, syscall.SIGKILL); err != nil {
 				t.Fatal(err)
 			}
-			eventually(t, "killed guest to disappear", func() bool { return !processAlive(vm.PID) })
+			eventually(t, "killed guest to disappear", func() bool { return !testproc.Running(vm.PID) })
 			list := decode[[]cocoon.VM](t, s.ok("vm", "list", "-o", "json"))
 			if len(list) != 1 || list[0].State != tc.want {
 				t.Fatalf("vm list -o json: %+v, want one VM %q", list, tc.want)
@@ -126,7 +126,7 @@ func TestNoReapKeepsZombies(t *testing.T) {
 			if err := syscall.Kill(vm.PID, syscall.SIGKILL); err != nil {
 				t.Fatal(err)
 			}
-			eventually(t, "killed hypervisor to become a zombie", func() bool { return procState(vm.PID) == "Z" })
+			eventually(t, "killed hypervisor to become a zombie", func() bool { return testproc.State(vm.PID) == "Z" })
 			if got := s.inspect("dies").State; got != cocoon.VMStateRunning {
 				t.Fatalf("vm inspect of a zombie hypervisor: %q, want running (kill(pid, 0) succeeds)", got)
 			}
@@ -137,7 +137,7 @@ func TestNoReapKeepsZombies(t *testing.T) {
 			if got := s.inspect("dies").State; got != cocoon.VMStateStopped {
 				t.Fatalf("after vm stop: %q, want stopped", got)
 			}
-			eventually(t, "the zombie to be reaped once its PID file is gone", func() bool { return !processAlive(vm.PID) })
+			eventually(t, "the zombie to be reaped once its PID file is gone", func() bool { return !testproc.Running(vm.PID) })
 		})
 	}
 }
@@ -151,35 +151,13 @@ func TestKillGuestsReleasesZombies(t *testing.T) {
 	if err := syscall.Kill(vm.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "killed hypervisor to become a zombie", func() bool { return procState(vm.PID) == "Z" })
+	eventually(t, "killed hypervisor to become a zombie", func() bool { return testproc.State(vm.PID) == "Z" })
 	if err := cocoonsim.KillGuests(s.run); err != nil {
 		t.Fatal(err)
 	}
-	if processAlive(vm.PID) {
+	if testproc.Running(vm.PID) {
 		t.Fatalf("hypervisor %d is still there after KillGuests", vm.PID)
 	}
-}
-
-// procState is the state letter of /proc/PID/stat ("" once the process is gone).
-func procState(pid int) string {
-	if fields := procStatFields(pid); len(fields) > 0 {
-		return fields[0]
-	}
-	return ""
-}
-
-// procStatFields is /proc/PID/stat after the command name (which may hold spaces): the state,
-// the parent's PID, ...; nil when the process is gone.
-func procStatFields(pid int) []string {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return nil
-	}
-	i := strings.LastIndexByte(string(data), ')')
-	if i < 0 {
-		return nil
-	}
-	return strings.Fields(string(data[i+1:]))
 }
 
 // TestGuestPoweroff: poweroff run in a guest shuts it down as its init would: the command
@@ -191,7 +169,7 @@ func TestGuestPoweroff(t *testing.T) {
 	if r := s.cocoon("vm", "exec", "down", "--", "poweroff"); r.code != 0 {
 		t.Fatalf("vm exec poweroff: exit %d, stderr %s", r.code, r.stderr)
 	}
-	eventually(t, "the hypervisor to exit after poweroff", func() bool { return !processAlive(vm.PID) })
+	eventually(t, "the hypervisor to exit after poweroff", func() bool { return !testproc.Running(vm.PID) })
 	if got := s.inspect("down").State; got != cocoon.VMStateStale {
 		t.Fatalf("after the guest powered off: %q, want %q", got, cocoon.VMStateStale)
 	}

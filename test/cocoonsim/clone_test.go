@@ -14,6 +14,7 @@ import (
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
+	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
 func TestCloneValidation(t *testing.T) {
@@ -77,7 +78,7 @@ func TestCloneRunsGuestWithPTYConsole(t *testing.T) {
 		t.Fatalf("clone -o json: %+v", out)
 	}
 	vm := s.inspect("web-1")
-	if vm.ID != out.ID || vm.State != cocoon.VMStateRunning || !processAlive(vm.PID) {
+	if vm.ID != out.ID || vm.State != cocoon.VMStateRunning || !testproc.Running(vm.PID) {
 		t.Fatalf("inspect after clone: %+v", vm)
 	}
 	runDir := filepath.Join(s.run, "cloudhypervisor", vm.ID)
@@ -105,7 +106,7 @@ func TestCloneRunsGuestWithPTYConsole(t *testing.T) {
 	if len(stopped.Succeeded) != 1 || stopped.Succeeded[0] != vm.ID {
 		t.Fatalf("stop -o json: %+v", stopped)
 	}
-	eventually(t, "hypervisor exit", func() bool { return !processAlive(vm.PID) })
+	eventually(t, "hypervisor exit", func() bool { return !testproc.Running(vm.PID) })
 	s.ok("vm", "stop", "web-1")
 	if got := s.inspect("web-1"); got.State != cocoon.VMStateStopped || got.PID != 0 || got.SocketPath != "" || got.StoppedAt == nil {
 		t.Fatalf("after stop: %+v", got)
@@ -115,7 +116,7 @@ func TestCloneRunsGuestWithPTYConsole(t *testing.T) {
 	s.ok("vm", "start", "web-1")
 	restarted := s.inspect("web-1")
 	// A live hypervisor now, where the old one was seen gone: a new process, whatever its PID.
-	if restarted.State != cocoon.VMStateRunning || !processAlive(restarted.PID) {
+	if restarted.State != cocoon.VMStateRunning || !testproc.Running(restarted.PID) {
 		t.Fatalf("after start: %+v", restarted)
 	}
 	s.ok("vm", "start", "web-1") // already running counts as success
@@ -133,7 +134,7 @@ func TestCloneRunsGuestWithPTYConsole(t *testing.T) {
 	if len(rm.Succeeded) != 1 {
 		t.Fatalf("rm -o json: %+v", rm)
 	}
-	if processAlive(restarted.PID) {
+	if testproc.Running(restarted.PID) {
 		t.Fatal("rm --force left the hypervisor running")
 	}
 	for _, dir := range []string{runDir, filepath.Join(s.log, "cloudhypervisor", vm.ID)} {
@@ -179,7 +180,7 @@ func TestCloudImageCloneServesSerialSocket(t *testing.T) {
 		t.Fatalf("guest did not power off through ACPI: %s", readLog(t, s, vm.ID))
 	}
 	t.Logf("graceful UEFI stop took %s", time.Since(start))
-	if got := s.inspect("win-1"); got.State != cocoon.VMStateStopped || processAlive(vm.PID) {
+	if got := s.inspect("win-1"); got.State != cocoon.VMStateStopped || testproc.Running(vm.PID) {
 		t.Fatalf("after stop: %+v", got)
 	}
 }
@@ -221,13 +222,13 @@ func TestOnDemandCloneCrashesWhenSnapshotDeleted(t *testing.T) {
 			}
 			s.ok("snapshot", "rm", "lazy")
 			for _, vm := range lazy {
-				eventually(t, vm.Config.Name+" to crash", func() bool { return !processAlive(vm.PID) })
+				eventually(t, vm.Config.Name+" to crash", func() bool { return !testproc.Running(vm.PID) })
 				if got := s.inspect(vm.Config.Name); got.State != cocoon.VMStateStale {
 					t.Fatalf("%s after snapshot removal: %s", vm.Config.Name, got.State)
 				}
 			}
 			for _, vm := range copied {
-				if !processAlive(vm.PID) {
+				if !testproc.Running(vm.PID) {
 					t.Fatalf("%s, a copied clone, must not depend on its snapshot", vm.Config.Name)
 				}
 			}
@@ -243,8 +244,8 @@ func TestGuestBehaviours(t *testing.T) {
 
 	off := s.clone("off", "off-1")
 	boom := s.clone("boom", "boom-1")
-	eventually(t, "self power-off", func() bool { return !processAlive(off.PID) })
-	eventually(t, "crash", func() bool { return !processAlive(boom.PID) })
+	eventually(t, "self power-off", func() bool { return !testproc.Running(off.PID) })
+	eventually(t, "crash", func() bool { return !testproc.Running(boom.PID) })
 	for _, name := range []string{"off-1", "boom-1"} {
 		// Nothing updates the record when the hypervisor exits on its own: list shows the raw
 		// "running", inspect reconciles.
@@ -268,7 +269,7 @@ func TestGuestBehaviours(t *testing.T) {
 	if r.code != 0 || !strings.Contains(stripANSI(r.stderr), "did not shut down within 1s, escalating") {
 		t.Fatalf("escalating stop: exit %d, %s", r.code, stripANSI(r.stderr))
 	}
-	if processAlive(stubborn.PID) || s.inspect("stubborn-1").State != cocoon.VMStateStopped {
+	if testproc.Running(stubborn.PID) || s.inspect("stubborn-1").State != cocoon.VMStateStopped {
 		t.Fatal("escalated stop did not stop the VM")
 	}
 }
@@ -284,7 +285,7 @@ func TestCrashShowsStaleAndRemoveNeedsForce(t *testing.T) {
 	if err := syscall.Kill(vm.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "killed guest to disappear", func() bool { return !processAlive(vm.PID) })
+	eventually(t, "killed guest to disappear", func() bool { return !testproc.Running(vm.PID) })
 	listed := decode[[]cocoon.VM](t, s.ok("vm", "list", "-o", "json"))
 	if len(listed) != 1 || listed[0].State != cocoon.VMStateRunning || listed[0].PID != vm.PID {
 		t.Fatalf("vm list -o json after crash: %+v", listed)

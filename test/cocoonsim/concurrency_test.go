@@ -11,6 +11,7 @@ import (
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
+	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
 // TestParallelClonesAllLand: ten clones at once, serialised only by the vms.json flock, all end
@@ -59,7 +60,7 @@ func TestParallelClonesAllLand(t *testing.T) {
 		t.Fatalf("vms.json has %d VMs and %d names, want %d", len(idx.VMs), len(idx.Names), n+1)
 	}
 	for _, vm := range decode[[]cocoon.VM](t, s.ok("vm", "list", "-o", "json")) {
-		if vm.State != cocoon.VMStateRunning || !processAlive(vm.PID) {
+		if vm.State != cocoon.VMStateRunning || !testproc.Running(vm.PID) {
 			t.Errorf("%s: state %s pid %d", vm.Config.Name, vm.State, vm.PID)
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
+	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
 // seedImage puts an OCI image into the installation the way image import would, without
@@ -75,12 +76,12 @@ func TestCreateStartRunOCI(t *testing.T) {
 	}
 	s.ok("vm", "start", created.ID)
 	started := s.inspect(created.ID)
-	if started.State != cocoon.VMStateRunning || !processAlive(started.PID) || !started.FirstBooted {
+	if started.State != cocoon.VMStateRunning || !testproc.Running(started.PID) || !started.FirstBooted {
 		t.Fatalf("after start: %+v", started)
 	}
 
 	run := decode[cocoon.VM](t, s.ok("vm", "run", "--nics", "0", "--name", "runner", "--cpu", "1", "-o", "json", "registry.local/team/app:v1"))
-	if run.State != cocoon.VMStateRunning || !processAlive(run.PID) || run.SocketPath == "" {
+	if run.State != cocoon.VMStateRunning || !testproc.Running(run.PID) || run.SocketPath == "" {
 		t.Fatalf("run -o json: %+v", run)
 	}
 	both := decode[cocoon.BatchResult](t, s.ok("vm", "stop", "-o", "json", created.ID, "runner"))
@@ -143,7 +144,7 @@ func TestCloudImageCreateNeedsFirmwareAndQemuImg(t *testing.T) {
 		requireTool(t, "qemu-img")
 		s := s.in(t)
 		vm := decode[cocoon.VM](t, s.ok("vm", "run", "--nics", "0", "--cpu", "1", "-o", "json", "cloud"))
-		if vm.State != cocoon.VMStateRunning || !processAlive(vm.PID) {
+		if vm.State != cocoon.VMStateRunning || !testproc.Running(vm.PID) {
 			t.Fatalf("cloud image run: %+v", vm)
 		}
 	})

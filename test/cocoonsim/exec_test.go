@@ -19,6 +19,7 @@ import (
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
+	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
 // vmExec runs `vm exec` with stdin ("" for none) and the arguments after "exec".
@@ -171,7 +172,7 @@ func TestExecEndsTheGuestCommandWhenItsCallerGoes(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = killed.Wait()
-	eventually(t, "the guest command to end with its caller", func() bool { return !processAlive(foreground) && !processAlive(background) })
+	eventually(t, "the guest command to end with its caller", func() bool { return !testproc.Running(foreground) && !testproc.Running(background) })
 
 	// A caller that stops reading the output ends a command that prints nothing.
 	outR, outW, err := os.Pipe()
@@ -183,7 +184,7 @@ func TestExecEndsTheGuestCommandWhenItsCallerGoes(t *testing.T) {
 	_ = outW.Close()
 	silent := waitForGuestProcess(t, osPID, "sleep 1003")
 	_ = outR.Close()
-	eventually(t, "the guest command to end when its output is closed", func() bool { return !processAlive(silent) })
+	eventually(t, "the guest command to end when its output is closed", func() bool { return !testproc.Running(silent) })
 	if err := abandoned.Wait(); err == nil {
 		t.Fatal("vm exec whose output was closed exited 0")
 	}
@@ -195,7 +196,7 @@ func TestExecEndsTheGuestCommandWhenItsCallerGoes(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = stuck.Wait()
-	eventually(t, "the guest command that ignores its input to end with its caller", func() bool { return !processAlive(notReading) })
+	eventually(t, "the guest command that ignores its input to end with its caller", func() bool { return !testproc.Running(notReading) })
 }
 
 // TestV038HasNoAgent: v0.3.8 has neither vm exec nor vm reseed, and its VMs have no vsock device.

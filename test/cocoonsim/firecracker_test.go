@@ -13,6 +13,7 @@ import (
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
+	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
 // TestFirecrackerClone: a clone of a Firecracker snapshot runs under a process that looks like
@@ -74,7 +75,7 @@ func TestFirecrackerStop(t *testing.T) {
 	} {
 		vm := s.clone(tc.snapshot, "vm-"+tc.snapshot)
 		s.ok("vm", "stop", "--timeout", "1", vm.ID)
-		if processAlive(vm.PID) {
+		if testproc.Running(vm.PID) {
 			t.Fatalf("%s: firecracker %d outlived vm stop", tc.snapshot, vm.PID)
 		}
 		if log := readLog(t, s, vm.ID); !strings.Contains(log, tc.logLine) {

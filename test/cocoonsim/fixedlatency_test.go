@@ -6,8 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cocoonstack/cocoon-cri/pkg/vmstats"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
+	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
 // The benchmark mode: a clone takes the fixed latency at least, and its VM runs no guest. The
@@ -24,7 +26,7 @@ func TestFixedLatencyMode(t *testing.T) {
 	if took := time.Since(start); took < latency {
 		t.Fatalf("a clone in the benchmark mode took %v, want at least %v", took, latency)
 	}
-	if vm.PID <= 0 || !processAlive(vm.PID) {
+	if vm.PID <= 0 || !testproc.Running(vm.PID) {
 		t.Fatalf("the clone's hypervisor is not running: %+v", vm)
 	}
 	if kids := childrenOf(t, vm.PID); len(kids) > 0 {
@@ -34,7 +36,7 @@ func TestFixedLatencyMode(t *testing.T) {
 		t.Fatalf("a command in the null guest printed %q: nothing runs there", out)
 	}
 	s.ok("vm", "exec", "fast", "--", "poweroff")
-	eventually(t, "the hypervisor to end after poweroff", func() bool { return !processAlive(vm.PID) || procState(vm.PID) == "Z" })
+	eventually(t, "the hypervisor to end after poweroff", func() bool { return !testproc.Running(vm.PID) })
 }
 
 // childrenOf lists the processes whose parent is pid.
@@ -50,7 +52,7 @@ func childrenOf(t *testing.T, pid int) []int {
 		if err != nil {
 			continue
 		}
-		if fields := procStatFields(child); len(fields) > 1 && fields[1] == strconv.Itoa(pid) {
+		if st, err := vmstats.ReadStat("/proc", child); err == nil && st.PPID == pid {
 			kids = append(kids, child)
 		}
 	}

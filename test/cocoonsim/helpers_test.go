@@ -14,7 +14,6 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -272,10 +271,6 @@ func eventually(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-}
-
-func processAlive(pid int) bool {
-	return pid > 0 && syscall.Kill(pid, 0) == nil
 }
 
 // vmInfo asks the guest's API socket for vm.info.

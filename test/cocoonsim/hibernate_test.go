@@ -11,6 +11,7 @@ import (
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
+	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
 var hibernatedRE = regexp.MustCompile(`VM hibernated; snapshot ([A-Z2-7]{26}) \(resume: cocoon vm restore (\S+) (\S+)\)`)
@@ -50,7 +51,7 @@ func TestHibernateAndRestore(t *testing.T) {
 			if _, ok := asleep.SnapshotIDs[snap.ID]; !ok || asleep.State != cocoon.VMStateStopped || asleep.PID != 0 || asleep.SocketPath != "" || asleep.StoppedAt == nil {
 				t.Fatalf("hibernated VM: %+v", asleep)
 			}
-			eventually(t, "the hibernated VM's hypervisor to be gone", func() bool { return !processAlive(before.PID) })
+			eventually(t, "the hibernated VM's hypervisor to be gone", func() bool { return !testproc.Running(before.PID) })
 			if vms := s.listVMs(); len(vms) != 1 || vms[0].State != cocoon.VMStateStopped {
 				t.Fatalf("vm list after hibernate: %+v", vms)
 			}
@@ -60,7 +61,7 @@ func TestHibernateAndRestore(t *testing.T) {
 				t.Fatalf("restore: exit %d, stdout %q, %s", r.code, r.stdout, stripANSI(r.stderr))
 			}
 			after := s.inspect("box")
-			if after.ID != before.ID || after.State != cocoon.VMStateRunning || after.PID == 0 || after.PID == before.PID || !processAlive(after.PID) {
+			if after.ID != before.ID || after.State != cocoon.VMStateRunning || after.PID == 0 || after.PID == before.PID || !testproc.Running(after.PID) {
 				t.Fatalf("restored VM: %+v (before: pid %d)", after, before.PID)
 			}
 			if len(after.NetworkConfigs) != len(before.NetworkConfigs) {
@@ -81,7 +82,7 @@ func TestHibernateAndRestore(t *testing.T) {
 			if restored.State != cocoon.VMStateRunning || restored.PID == after.PID || restored.PID == 0 {
 				t.Fatalf("restore of a running VM: %+v", restored)
 			}
-			eventually(t, "the replaced hypervisor to be gone", func() bool { return !processAlive(after.PID) })
+			eventually(t, "the replaced hypervisor to be gone", func() bool { return !testproc.Running(after.PID) })
 			if got := s.guestIdentity("box"); got != want {
 				t.Fatalf("guest after restoring a running VM:\n%s\nwant:\n%s", got, want)
 			}

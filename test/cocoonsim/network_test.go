@@ -19,6 +19,7 @@ import (
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
+	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
 func TestCNIRunWiresGuestIntoItsOwnNetns(t *testing.T) {
@@ -61,7 +62,7 @@ func TestCNIRunWiresGuestIntoItsOwnNetns(t *testing.T) {
 
 	lab.ok("vm", "rm", "--force", "web")
 	lab.checkNoNetworkLeft()
-	eventually(t, "guest OS process to end", func() bool { return !processAlive(guestPID) })
+	eventually(t, "guest OS process to end", func() bool { return !testproc.Running(guestPID) })
 }
 
 func TestCNIGuestsReachEachOther(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
+	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
 var savedRE = regexp.MustCompile(`snapshot saved: ([A-Z2-7]{26}) func=cmd\.snapshot\.save`)
@@ -41,13 +42,13 @@ func TestSnapshotSaveAndCloneFromIt(t *testing.T) {
 		t.Fatalf("list --vm: %+v", listed)
 	}
 	s.fails(`snapshot name "golden" already exists`, "snapshot", "save", "--name", "golden", "src")
-	if !processAlive(src.PID) || vmInfo(t, src.SocketPath)["state"] != "Running" {
+	if !testproc.Running(src.PID) || vmInfo(t, src.SocketPath)["state"] != "Running" {
 		t.Fatal("the source VM must be running again after the snapshot")
 	}
 
 	// The saved snapshot clones like an imported one and keeps the guest's behaviour file.
 	clone := s.clone("golden", "from-golden")
-	if !processAlive(clone.PID) || clone.Config.Memory != 1<<30 {
+	if !testproc.Running(clone.PID) || clone.Config.Memory != 1<<30 {
 		t.Fatalf("clone of saved snapshot: %+v", clone)
 	}
 	spec, err := guest.ReadSpec(filepath.Join(s.run, "cloudhypervisor", clone.ID))

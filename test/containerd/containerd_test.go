@@ -4,7 +4,6 @@ import (
 	"context"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +11,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/cocoonstack/cocoon-cri/tapmanager"
+	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
 // TestCleanupAfterKill: a containerd killed with a pod running leaves its shim, the pod's
@@ -88,7 +88,7 @@ func TestCleanupAfterKill(t *testing.T) {
 		}
 	}
 	for _, pid := range shims {
-		if stat, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat")); err == nil && !isZombie(stat) {
+		if testproc.Running(pid) {
 			t.Errorf("shim %d still runs", pid)
 		}
 	}
@@ -106,11 +106,4 @@ func TestCleanupAfterKill(t *testing.T) {
 	if _, err := os.Stat(daemonDir); !os.IsNotExist(err) {
 		t.Errorf("%s is still there: %v", daemonDir, err)
 	}
-}
-
-// isZombie reads a /proc/PID/stat: a killed process stays a zombie until its new parent reaps it.
-func isZombie(stat []byte) bool {
-	s := string(stat)
-	i := strings.LastIndexByte(s, ')')
-	return i >= 0 && strings.HasPrefix(s[i+1:], " Z")
 }

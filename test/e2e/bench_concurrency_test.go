@@ -15,6 +15,7 @@ import (
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/cocoonstack/cocoon-cri/pkg/vmstats"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
 )
 
@@ -138,17 +139,11 @@ const userHZ = 100
 // processCPU is the CPU time pid has used (user and system) so far.
 func processCPU(t *testing.T, pid int) time.Duration {
 	t.Helper()
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	st, err := vmstats.ReadStat("/proc", pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	fields := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+1:]))
-	user, errU := strconv.ParseFloat(fields[11], 64)
-	system, errS := strconv.ParseFloat(fields[12], 64)
-	if errU != nil || errS != nil {
-		t.Fatalf("/proc/%d/stat: %s", pid, data)
-	}
-	return time.Duration((user + system) / userHZ * float64(time.Second))
+	return time.Duration(float64(st.UTime+st.STime) / userHZ * float64(time.Second))
 }
 
 // cpuTimes is the machine's CPU time from /proc/stat's first line, in clock ticks.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/pkg/faultpoint"
+	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
 // A crash scenario is a pod's life as the kubelet drives it: steps, each one CRI call. When
@@ -319,7 +320,7 @@ func (n *node) checkConsistentBeside(when string, also map[string]bool) {
 			continue
 		}
 		vm, err := n.vm(vmName)
-		if err != nil || vm.State != cocoon.VMStateRunning || !processAlive(vm.PID) {
+		if err != nil || vm.State != cocoon.VMStateRunning || !testproc.Running(vm.PID) {
 			n.t.Fatalf("%s: container %s is running but its VM is %+v (%v)", when, id, vm, err)
 		}
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
 	"github.com/cocoonstack/cocoon-cri/tapmanager"
+	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
 // TestDaemonSurvivesSIGKILL: after a kill -9 the next start replaces the stale socket and serves the
@@ -29,7 +30,7 @@ func TestDaemonSurvivesSIGKILL(t *testing.T) {
 	if _, err := os.Lstat(n.socket); err != nil {
 		t.Fatalf("the killed daemon left no socket to replace: %v", err)
 	}
-	if !processAlive(pid) {
+	if !testproc.Running(pid) {
 		t.Fatal("the VM died with cocoon-cri")
 	}
 	n.start()

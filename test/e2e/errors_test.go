@@ -10,6 +10,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
 // nodeState is everything a refused request must leave as it was.
@@ -196,8 +198,8 @@ func TestRemoveRunningPodSandbox(t *testing.T) {
 	podID, ctrID, _ := n.runningPod("busy", snapRef)
 	pid := n.vmPID(ctrID)
 	n.mustCrictl("rmp", "--force", podID)
-	if st := n.state(); st.Pods != "" || st.Containers != "" || st.VMs != 0 || len(st.Netns) != 0 || processAlive(pid) {
-		t.Fatalf("left behind: %+v, hypervisor alive %v", st, processAlive(pid))
+	if st := n.state(); st.Pods != "" || st.Containers != "" || st.VMs != 0 || len(st.Netns) != 0 || testproc.Running(pid) {
+		t.Fatalf("left behind: %+v, hypervisor alive %v", st, testproc.Running(pid))
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
+	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
 // eventLog collects a GetContainerEvents stream.
@@ -229,7 +230,7 @@ func TestFiftyPodsInParallel(t *testing.T) {
 	}
 	vmRunning := 0
 	for _, vm := range n.vms() {
-		if processAlive(vm.PID) {
+		if testproc.Running(vm.PID) {
 			vmRunning++
 		}
 	}
@@ -270,7 +271,7 @@ func processesWhose(match func(cmdline string) bool) []int {
 			continue
 		}
 		cmdline, _ := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
-		if match(string(cmdline)) && processAlive(pid) {
+		if match(string(cmdline)) && testproc.Running(pid) {
 			pids = append(pids, pid)
 		}
 	}

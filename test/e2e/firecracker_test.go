@@ -12,6 +12,7 @@ import (
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
 	"github.com/cocoonstack/cocoon-cri/test/registry"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
+	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
 // fcSnapshot is a Firecracker snapshot of a VM with one NIC.
@@ -83,7 +84,7 @@ func checkFirecrackerPod(t *testing.T, n *node, agent bool) {
 	if st["exitCode"] != 0.0 || st["reason"] != "Completed" || st["message"] != "VM powered off" {
 		t.Fatalf("after stop: %v", st)
 	}
-	if processAlive(vm.PID) {
+	if testproc.Running(vm.PID) {
 		t.Fatalf("firecracker %d still runs after the stop", vm.PID)
 	}
 	n.mustCrictl("rmp", "--force", podID)
@@ -160,7 +161,7 @@ func TestFirecrackerStopEscalates(t *testing.T) {
 	if st["exitCode"] != 137.0 || !strings.Contains(st["message"].(string), "did not power off within 2s") {
 		t.Fatalf("after stop: %v", st)
 	}
-	if processAlive(pid) {
+	if testproc.Running(pid) {
 		t.Fatalf("firecracker %d survived the escalation", pid)
 	}
 }

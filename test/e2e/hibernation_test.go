@@ -13,6 +13,7 @@ import (
 	"github.com/cocoonstack/cocoon-cri/cri/vmruntime"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
+	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
 // waitHibernated waits until the container's VM hibernated, as crictl inspect shows it, and
@@ -69,7 +70,7 @@ func TestIdlePodHibernatesAndWakesOnUse(t *testing.T) {
 	if state := field(info, "status", "state"); state != "CONTAINER_RUNNING" {
 		t.Fatalf("a hibernated container is %v", state)
 	}
-	if processAlive(pid) {
+	if testproc.Running(pid) {
 		t.Fatalf("the hypervisor (PID %d) of a hibernated VM still runs", pid)
 	}
 	snap, _ := field(info, "info", "hibernation", "snapshot").(string)

@@ -19,6 +19,7 @@ import (
 	"github.com/cocoonstack/cocoon-cri/cri/vmruntime"
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
+	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
 // snapshots lists the simulator's snapshots.
@@ -96,7 +97,7 @@ func TestRemovedImageStaysWhileACloneNeedsIt(t *testing.T) {
 	if st := field(n.inspect("inspect", ctrID), "status", "state"); st != "CONTAINER_RUNNING" {
 		t.Fatalf("container %v", st)
 	}
-	if !processAlive(n.vmPID(ctrID)) {
+	if !testproc.Running(n.vmPID(ctrID)) {
 		t.Fatal("the clone died: its snapshot was taken away")
 	}
 

@@ -7,6 +7,7 @@ import (
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
+	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
 // field walks a decoded JSON object along keys.
@@ -82,8 +83,8 @@ func runLifecycle(t *testing.T, n *node, version string, restartEachStep bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if vm.State != cocoon.VMStateRunning || vm.PID != int(pid) || !processAlive(vm.PID) {
-		t.Fatalf("cocoon VM %s: state %s pid %d (cocoon-cri says %v), alive %v", vmName, vm.State, vm.PID, pid, processAlive(vm.PID))
+	if vm.State != cocoon.VMStateRunning || vm.PID != int(pid) || !testproc.Running(vm.PID) {
+		t.Fatalf("cocoon VM %s: state %s pid %d (cocoon-cri says %v), alive %v", vmName, vm.State, vm.PID, pid, testproc.Running(vm.PID))
 	}
 	if !strings.HasPrefix(vmName, "cri-"+ctrID[:12]+"-web-app") {
 		t.Fatalf("VM name %q", vmName)
@@ -125,7 +126,7 @@ func runLifecycle(t *testing.T, n *node, version string, restartEachStep bool) {
 	if vm, err := n.vm(vm.ID); err != nil || vm.State != cocoon.VMStateStopped {
 		t.Fatalf("cocoon VM after stop: %+v, %v", vm, err)
 	}
-	if processAlive(vm.PID) {
+	if testproc.Running(vm.PID) {
 		t.Fatalf("hypervisor %d still runs after stop", vm.PID)
 	}
 
@@ -175,7 +176,7 @@ func TestCloudImageBoots(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if vm.Config.ImageType != cocoon.ImageTypeCloudImg || vm.Config.CPU != 2 || vm.Config.Memory != 1536<<20 || !processAlive(vm.PID) {
+	if vm.Config.ImageType != cocoon.ImageTypeCloudImg || vm.Config.CPU != 2 || vm.Config.Memory != 1536<<20 || !testproc.Running(vm.PID) {
 		t.Fatalf("cocoon VM: %+v", vm)
 	}
 	// A UEFI guest gets the ACPI power button and powers off within the timeout.
@@ -202,7 +203,7 @@ func TestStopEscalatesForAGuestThatIgnoresThePowerButton(t *testing.T) {
 	if st["state"] != "CONTAINER_EXITED" || st["exitCode"] != 137.0 || !strings.Contains(st["message"].(string), "did not power off within 2s") {
 		t.Fatalf("after stop: %v", st)
 	}
-	if processAlive(pid) {
+	if testproc.Running(pid) {
 		t.Fatalf("hypervisor %d survived the escalation", pid)
 	}
 }

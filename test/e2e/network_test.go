@@ -20,6 +20,7 @@ import (
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/pkg/faultpoint"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim"
+	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
 // guestPort is where the simulated guest answers with its name and address.
@@ -184,7 +185,7 @@ func TestRestartedContainerKeepsThePodAddress(t *testing.T) {
 	ip := n.podIP(podID)
 	oldPID := n.vmPID(first)
 	n.mustCrictl("stop", "--timeout", "5", first)
-	if processAlive(oldPID) {
+	if testproc.Running(oldPID) {
 		t.Fatal("the first VM still runs after its stop")
 	}
 	second := n.mustCrictl("create", "--no-pull", podID, n.configFile("again.json", containerConfig("app2", cloudRef)), podFile)

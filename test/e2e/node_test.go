@@ -425,16 +425,6 @@ func (n *node) importImage(ref, file string) string {
 	return strings.TrimSpace(string(out))
 }
 
-// processAlive reports whether pid runs (and is not a zombie).
-func processAlive(pid int) bool {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	fields := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+1:]))
-	return len(fields) > 0 && fields[0] != "Z"
-}
-
 // kubeletMaxMessage is the largest gRPC message the kubelet's CRI client sends or receives.
 const kubeletMaxMessage = 16 << 20
 

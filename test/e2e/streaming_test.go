@@ -27,6 +27,7 @@ import (
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
+	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
 // TestExecThroughCrictl: commands run in the guest (its hostname is the pod's), with their output,
@@ -242,7 +243,7 @@ func TestCommandIsTheMainProcess(t *testing.T) {
 		t.Fatalf("log file %s: %q, %v", logFile, data, err)
 	}
 	deadline := time.Now().Add(30 * time.Second)
-	for processAlive(pid) {
+	for testproc.Running(pid) {
 		if time.Now().After(deadline) {
 			t.Fatal("the VM runs on after its command ended")
 		}
@@ -452,7 +453,7 @@ func TestStreamsAcrossARestart(t *testing.T) {
 	if st["reason"] != "MainProcessLost" || st["exitCode"] != 137.0 {
 		t.Fatalf("a command cut off by the restart: %v", st)
 	}
-	for deadline := time.Now().Add(30 * time.Second); processAlive(cmdVM); time.Sleep(100 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); testproc.Running(cmdVM); time.Sleep(100 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the VM of the lost command runs on")
 		}

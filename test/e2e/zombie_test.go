@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"os"
 	"strconv"
 	"strings"
 	"syscall"
@@ -10,6 +9,7 @@ import (
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim"
+	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
 // TestUnreapedHypervisorIsCrashed: on a node whose init does not reap, a killed hypervisor stays
@@ -47,9 +47,9 @@ func TestUnreapedHypervisorIsCrashed(t *testing.T) {
 			}
 			for _, pid := range []int{livePID, downPID} {
 				deadline := time.Now().Add(10 * time.Second)
-				for procState(pid) != "" {
+				for testproc.State(pid) != "" {
 					if time.Now().After(deadline) {
-						t.Fatalf("hypervisor %d is still there (state %s) after its pod was removed", pid, procState(pid))
+						t.Fatalf("hypervisor %d is still there (state %s) after its pod was removed", pid, testproc.State(pid))
 					}
 					time.Sleep(100 * time.Millisecond)
 				}
@@ -65,9 +65,9 @@ func (n *node) killToZombie(pid int) {
 		n.t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for procState(pid) != "Z" {
+	for testproc.State(pid) != "Z" {
 		if time.Now().After(deadline) {
-			n.t.Fatalf("hypervisor %d: state %q, want a zombie", pid, procState(pid))
+			n.t.Fatalf("hypervisor %d: state %q, want a zombie", pid, testproc.State(pid))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -80,17 +80,4 @@ func (n *node) checkCrashed(st map[string]any, pid int) {
 	if st["reason"] != "VMCrashed" || st["exitCode"] != float64(137) || !strings.Contains(msg, "PID "+strconv.Itoa(pid)) || !strings.Contains(msg, "nothing reaped it") {
 		n.t.Fatalf("container status %v: want reason VMCrashed, exit code 137 and a message naming unreaped PID %d", st, pid)
 	}
-}
-
-// procState is the state letter of /proc/PID/stat, "" once the process is gone.
-func procState(pid int) string {
-	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return ""
-	}
-	i := strings.LastIndexByte(string(data), ')')
-	if fields := strings.Fields(string(data[i+1:])); i >= 0 && len(fields) > 0 {
-		return fields[0]
-	}
-	return ""
 }

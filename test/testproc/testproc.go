@@ -8,6 +8,8 @@ import (
 	"os/exec"
 	"syscall"
 	"time"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/vmstats"
 )
 
 // Process is a started command whose end is awaited in the background.
@@ -87,4 +89,17 @@ func (p *Process) WaitReady(timeout, interval time.Duration, ready func() error)
 			return fmt.Errorf("not ready within %s: %w", timeout, err)
 		}
 	}
+}
+
+// Running says whether pid runs: it exists and has not exited (a zombie has, and only waits to be
+// reaped). The one liveness check of the tests, as of the daemon (vmstats.Running).
+func Running(pid int) bool { return vmstats.Running("/proc", pid) }
+
+// State is pid's state letter in /proc (R, S, Z ...), "" once it is gone.
+func State(pid int) string {
+	st, err := vmstats.ReadStat("/proc", pid)
+	if err != nil {
+		return ""
+	}
+	return string(st.State)
 }

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/vmstats"
 )
 
 // The simulator re-executes its own binary to run the hypervisor (cocoon does the same for its
@@ -218,7 +220,8 @@ func reapOrphans() {
 // ReleaseZombie lets go of pid if it is an exited hypervisor a shim holds under NoReapEnv: it
 // signals the shim, which reaps it. It reports whether pid was such a zombie.
 func ReleaseZombie(pid int) (bool, error) {
-	state, ppid, err := procStat(pid)
+	st, err := vmstats.ReadStat("/proc", pid)
+	state, ppid := st.State, st.PPID
 	if err != nil || state != 'Z' {
 		return false, nil //nolint:nilerr // gone or not a zombie: nothing to release
 	}
@@ -230,20 +233,4 @@ func ReleaseZombie(pid int) (bool, error) {
 		return true, fmt.Errorf("release zombie %d from shim %d: %w", pid, ppid, err)
 	}
 	return true, nil
-}
-
-// procStat reads a process's state letter and parent PID from /proc/PID/stat. The command name
-// in parentheses may hold spaces and parentheses itself, so the fields are taken after the last ')'.
-func procStat(pid int) (state byte, ppid int, err error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, 0, err
-	}
-	i := strings.LastIndexByte(string(data), ')')
-	fields := strings.Fields(string(data[i+1:]))
-	if i < 0 || len(fields) < 2 || len(fields[0]) != 1 {
-		return 0, 0, fmt.Errorf("parse /proc/%d/stat", pid)
-	}
-	ppid, err = strconv.Atoi(fields[1])
-	return fields[0][0], ppid, err
 }
