@@ -6,14 +6,42 @@ BIN       := $(CURDIR)/bin
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo 0.1.0-dev)
 LDFLAGS   := -X main.version=$(VERSION)
 
-.PHONY: all build setup tools test unit e2e vet fmt-check race demo cluster bench clean
+# Where `make install` puts things (GNU conventions: DESTDIR is a staging root, PREFIX the tree
+# the binary lives in). The configuration and the unit are not under PREFIX: the unit runs
+# /usr/local/bin/cocoon-cri --config /etc/cocoon-cri/config.yaml, and install rewrites those two
+# paths in it when BINDIR or SYSCONFDIR differ.
+PREFIX         ?= /usr/local
+DESTDIR        ?=
+BINDIR         ?= $(PREFIX)/bin
+DATADIR        ?= $(PREFIX)/share
+SYSCONFDIR     ?= /etc
+SYSTEMDUNITDIR ?= /etc/systemd/system
+# `make release` writes DIST/cocoon-cri-VERSION-linux-ARCH.tar.gz and its .sha256.
+DIST           ?= $(BIN)/release
+ARCH           ?= $(shell $(GO) env GOARCH)
+
+.PHONY: all build cocoon-cri install release setup tools test unit e2e vet fmt-check race demo cluster bench clean
 
 all: build
 
-build:
-	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/cocoon-cri ./cmd/cocoon-cri
+build: cocoon-cri
 	$(GO) build -o $(BIN)/cocoon-sim ./test/cocoonsim/cmd/cocoon-sim
 	$(GO) build -o $(BIN)/mktestimage ./test/cmd/mktestimage
+
+# The daemon alone: what install and release ship.
+cocoon-cri:
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/cocoon-cri ./cmd/cocoon-cri
+
+# The binary, the systemd unit, the configuration (never overwriting /etc/cocoon-cri/config.yaml
+# or /etc/crictl.yaml), and the shipped defaults and manifests under DATADIR/cocoon-cri.
+install: cocoon-cri
+	BIN='$(BIN)' DESTDIR='$(DESTDIR)' PREFIX='$(PREFIX)' BINDIR='$(BINDIR)' DATADIR='$(DATADIR)' \
+		SYSCONFDIR='$(SYSCONFDIR)' SYSTEMDUNITDIR='$(SYSTEMDUNITDIR)' ./hack/install.sh install
+
+# The same files as `make install DESTDIR=... PREFIX=/usr/local`, in a tarball to unpack over /
+# on a node without Go, and a sha256sum file beside it.
+release: cocoon-cri
+	BIN='$(BIN)' DIST='$(DIST)' VERSION='$(VERSION)' ARCH='$(ARCH)' ./hack/install.sh release
 
 # Debian packages the simulator and tests rely on, the real guest (a Debian kernel under QEMU) the
 # data-path tests boot, and a mkfs.erofs with --tar for OCI VM image pulls; each only when missing.
