@@ -113,7 +113,8 @@ func (s *Server) saveForkSource(ctx context.Context, sourceID string) (*forkSave
 }
 
 // runForkSave saves the source's VM. Forks that start after it ended make a save of their own: a
-// fork copies its source as it is when the fork starts.
+// fork copies its source as it is when the fork starts. The save is a use of the source, as an
+// exec is: a hibernated source wakes for it, and none hibernates while it runs.
 func (s *Server) runForkSave(ctx context.Context, sourceID string, save *forkSave) {
 	defer func() {
 		s.forks.mu.Lock()
@@ -121,6 +122,12 @@ func (s *Server) runForkSave(ctx context.Context, sourceID string, save *forkSav
 		s.forks.mu.Unlock()
 		close(save.done)
 	}()
+	done, err := s.inUse(ctx, sourceID)
+	if err != nil {
+		save.err = err
+		return
+	}
+	defer done()
 	src, err := s.store.Containers.Get(sourceID)
 	if err != nil || src.State != store.ContainerRunning || src.VM.Hibernated() {
 		save.err = precondition("the fork's source container %s no longer runs awake", sourceID)

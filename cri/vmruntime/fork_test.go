@@ -159,6 +159,32 @@ func TestForkRefusals(t *testing.T) {
 	}
 }
 
+// A hibernated source wakes for the fork's save, as for an exec: the fork copies it awake.
+func TestForkWakesAHibernatedSource(t *testing.T) {
+	n, obs := hibernatingNode(t)
+	_, source := n.runningPod("source")
+	n.idleUntilHibernated(source)
+	if !n.container(source).VM.Hibernated() {
+		t.Fatal("the source did not hibernate")
+	}
+	_, fork, err := n.forkPod("fork", "default/source", snapshotRef)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.startContainer(fork)
+	src, c := n.container(source), n.container(fork)
+	if src.VM.Hibernated() || obs.wakes != 1 {
+		t.Fatalf("the source after the fork: %+v, wakes %d", src.VM, obs.wakes)
+	}
+	if c.State != store.ContainerRunning || c.VM.ForkOf != source || !n.cocoon.copiedClone(c.VM.ID) {
+		t.Fatalf("fork %+v", c)
+	}
+	if calls := n.cocoon.calls("VMRestore", "SnapshotSave"); len(calls) != 2 || !strings.HasPrefix(calls[0], "VMRestore "+src.VM.ID) ||
+		!strings.HasPrefix(calls[1], "SnapshotSave "+src.VM.ID) {
+		t.Fatalf("calls %q: want the source woken, then saved", calls)
+	}
+}
+
 // A save a restart cut short is deleted at the next start.
 func TestRecoverRemovesForkSaves(t *testing.T) {
 	n := newFakeNode(t, Config{})
