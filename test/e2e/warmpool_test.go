@@ -71,8 +71,8 @@ func (n *node) cocoonVMNames(prefix string) []string {
 
 // TestWarmPoolHandsReadyVMsToPods: with --warm-pool, VMs of the image are cloned ahead; a pod of
 // the image takes one at its start, with its own hostname, environment, IP (it answers HTTP there)
-// and machine-id; a pod whose VM would differ is cloned; the pool refills; a restart adopts the
-// pool; RemoveImage drains it.
+// and machine-id, and it hibernates and wakes as any pod; a pod whose VM would differ is cloned;
+// the pool refills; a restart adopts the pool; RemoveImage drains it.
 func TestWarmPoolHandsReadyVMsToPods(t *testing.T) {
 	n := newNode(t, "--warm-pool", snapRef+"=2")
 	n.importImage(snapRef, n.snapshotImage("web", testimage.SnapshotOptions{Guest: guest.Spec{HTTPPort: 80}}))
@@ -86,10 +86,17 @@ func TestWarmPoolHandsReadyVMsToPods(t *testing.T) {
 	}
 
 	ids := map[string]string{}
+	var sleepyPod, sleepy string
 	for _, name := range []string{"alpha", "beta"} {
-		podID, ctr, _ := n.runningPodWith(name, snapRef, func(c *runtimeapi.ContainerConfig) {
+		// beta hibernates when idle, as any pod may.
+		annotations := map[string]string{}
+		if name == "beta" {
+			annotations[vmruntime.AnnotationHibernateAfter] = "2s"
+		}
+		podID, ctr, _ := n.runningPodAnnotated(name, snapRef, annotations, func(c *runtimeapi.ContainerConfig) {
 			c.Envs = append(c.Envs, &runtimeapi.KeyValue{Key: "GREETING", Value: []byte("hello " + name)})
 		})
+		sleepyPod, sleepy = podID, ctr
 		vm, _ := field(n.inspect("inspect", ctr), "info", "vm", "name").(string)
 		if !slices.Contains(pool, vm) {
 			t.Fatalf("pod %s runs VM %q, not one of the pool's %q", name, vm, pool)
@@ -102,6 +109,14 @@ func TestWarmPoolHandsReadyVMsToPods(t *testing.T) {
 	}
 	if ids["alpha"] == "" || ids["alpha"] == ids["beta"] {
 		t.Fatalf("machine-ids %q: each pooled pod has its own", ids)
+	}
+
+	// A pooled VM hibernates and wakes on traffic with the pod's identity: its NIC's placeholder
+	// MAC in cocoon's records does not come back.
+	n.waitHibernated(sleepy)
+	n.httpGetUntil(fmt.Sprintf("http://%s/", n.podIP(sleepyPod)), "beta")
+	if out := n.mustCrictl("exec", sleepy, "hostname"); out != "beta" {
+		t.Fatalf("the woken pooled pod: hostname %q", out)
 	}
 
 	// A pod whose VM would differ from the pool's (no direct I/O) is cloned: a miss.
