@@ -53,16 +53,21 @@ func (s *Server) setUpGuest(ctx context.Context, sb *store.Sandbox, c *store.Con
 
 // configureGuest runs the guest set-up script until the guest takes it, within ctx.
 func (s *Server) configureGuest(ctx context.Context, sb *store.Sandbox, c *store.Container) error {
-	script := guestSetupScript(sb, c)
+	return s.runGuestScript(ctx, sb, c, "configuring the guest for the pod", func() string { return guestSetupScript(sb, c, s.nowFunc()) })
+}
+
+// runGuestScript runs a shell script in the guest until the guest takes it, within ctx. The script
+// is written anew at each try: it may carry the host's time.
+func (s *Server) runGuestScript(ctx context.Context, sb *store.Sandbox, c *store.Container, what string, script func() string) error {
 	for {
 		// The guest's output is only reported, and a hostile guest may print without end: its tail.
 		out := &syncio.Tail{Max: guestOutputTail}
-		code, err := s.guestExec(ctx, sb, c, systemCommand("/bin/sh", "-c", script), streaming.ExecIO{Stdout: out, Stderr: out})
+		code, err := s.guestExec(ctx, sb, c, systemCommand("/bin/sh", "-c", script()), streaming.ExecIO{Stdout: out, Stderr: out})
 		switch {
 		case err == nil && code == 0:
 			return nil
 		case err == nil:
-			return fmt.Errorf("configuring the guest for the pod failed with exit code %d: %s", code, strings.TrimSpace(out.String()))
+			return fmt.Errorf("%s failed with exit code %d: %s", what, code, strings.TrimSpace(out.String()))
 		case ctx.Err() != nil:
 			return fmt.Errorf("the guest did not take commands in time: %w", err)
 		case status.Code(err) == codes.FailedPrecondition:
@@ -92,6 +97,40 @@ func (s *Server) reseedClone(ctx context.Context, c *store.Container, log *slog.
 	}
 	log.Info("clone reseeded: fresh entropy and machine-id")
 }
+
+// stepClockLine is one shell command that steps a restored guest's wall clock to the host's. A
+// guest restored from a snapshot (a clone, a fork, a checkpoint, a woken hibernation) resumes
+// with the clock it had when the snapshot was taken, and nothing in cocoon steps it
+// (docs/cocoon-contract.md, "The guest's clock"). cloud-hypervisor's RTC reads the host's clock,
+// so hwclock -s takes the host's time in the guest, to the second's edge (util-linux waits for
+// it, up to a second); a guest without hwclock or an RTC (Firecracker has none) is set to now as
+// cocoon-cri reads it, rounded to the second, which is what busybox's date takes. Output is
+// dropped: the exit status says whether either worked.
+func stepClockLine(backend string, now time.Time) string {
+	date := fmt.Sprintf("date -u -s @%d", now.Round(time.Second).Unix())
+	if backend == cocoon.HypervisorFirecracker {
+		return "{ " + date + "; } >/dev/null 2>&1"
+	}
+	return "{ hwclock -s -u || " + date + "; } >/dev/null 2>&1"
+}
+
+// stepGuestClock steps a woken guest's clock to the host's, best effort: a failure is logged and
+// the guest keeps its clock. It waits for the guest within wakeClockTimeout at most.
+func (s *Server) stepGuestClock(ctx context.Context, sb *store.Sandbox, c *store.Container) {
+	if path, _, err := s.guestExecPath(ctx, c); err == nil && path == ExecPathNone {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, min(s.cfg.GuestReadyTimeout, wakeClockTimeout))
+	defer cancel()
+	err := s.runGuestScript(ctx, sb, c, "stepping the guest clock", func() string { return stepClockLine(c.VM.Backend, s.nowFunc()) })
+	if err != nil {
+		s.log.Warn("the woken guest keeps the clock it hibernated with", "container", c.ID, "vm", c.VM.ID, "err", err)
+	}
+}
+
+// wakeClockTimeout bounds how long a wake waits to step the woken guest's clock: its agent ran
+// before it hibernated and answers at once, so a guest that does not is not waited for long.
+const wakeClockTimeout = 10 * time.Second
 
 // writeGuestNetwork adds to a clone's set-up script the pod's address and default route on its NIC.
 // A booted guest took them from cocoon at boot.
@@ -170,10 +209,16 @@ fi
 // NIC keeps its snapshot's MAC (cocoon can only point it at a new TAP), so there the guest's one
 // Ethernet interface is taken and given the pod's MAC, as cocoon's own clone hints advise. A warm
 // pool VM's NIC has its placeholder's MAC; the pool learned its name, and it is given the pod's.
-func guestSetupScript(sb *store.Sandbox, c *store.Container) string {
+//
+// A clone's wall clock is stepped first, to now: it resumed at its snapshot's time (see
+// stepClockLine). A pool VM's was stepped when the pool made it, and has run since.
+func guestSetupScript(sb *store.Sandbox, c *store.Container, now time.Time) string {
 	cfg := sb.Config.Msg
 	var b strings.Builder
 	b.WriteString("failed=0\n")
+	if c.VM.Mode == store.VMClone && !c.VM.Pooled {
+		b.WriteString(stepClockLine(c.VM.Backend, now) + " || { echo 'the guest clock could not be stepped to the host time' >&2; failed=1; }\n")
+	}
 	writeGuestNetwork(&b, sb, c)
 	// Without a hostname in the config (crictl, critest) the guest keeps its own, as a container
 	// without one keeps the runtime's default.

@@ -451,6 +451,8 @@ func (s *Server) Wake(ctx context.Context, containerID string) error {
 	if err := s.recordWoken(sb, c, vm); err != nil {
 		return err
 	}
+	// Before the use that woke it: the guest resumed at the time it hibernated.
+	s.stepGuestClock(ctx, sb, c)
 	s.removeSnapshot(ctx, snap, "a hibernation")
 	took := s.nowFunc().Sub(start)
 	if s.cfg.Metrics != nil {

@@ -126,11 +126,18 @@ func TestAnIdleVMHibernatesAndAnExecWakesIt(t *testing.T) {
 		t.Fatalf("the sweep ended a hibernated container: %+v", c)
 	}
 
-	// An ExecSync wakes it and runs in the woken guest.
+	// An ExecSync wakes it and runs in the woken guest, after the woken guest's clock is stepped
+	// from the host's: it resumed at the time it hibernated. A guest that cannot step it still
+	// takes the exec.
 	var ranIn string
+	var ran []string
 	n.cocoon.setGuest(func(_ context.Context, vm cocoon.VM, argv []string, _ cocoon.ExecOptions) (int, error) {
 		if len(argv) > 0 && argv[len(argv)-1] == "probe" {
 			ranIn = vm.ID
+		}
+		ran = append(ran, strings.Join(argv, " "))
+		if strings.Contains(argv[len(argv)-1], "hwclock") {
+			return 1, nil
 		}
 		return 0, nil
 	})
@@ -145,6 +152,9 @@ func TestAnIdleVMHibernatesAndAnExecWakesIt(t *testing.T) {
 	}
 	if names := hibernationSnapshots(n.cocoon); len(names) != 0 {
 		t.Fatalf("snapshots after the wake: %q", names)
+	}
+	if len(ran) != 2 || !strings.HasPrefix(ran[0], "/bin/sh -c { hwclock -s -u || date -u -s @") || ran[1] != "probe" {
+		t.Fatalf("the woken guest ran %q; want its clock stepped, then the exec", ran)
 	}
 	calls := vmCalls(n.cocoon)
 	if len(calls) < 2 || calls[0] != "VMRestore "+c.VM.ID+" "+snap {

@@ -282,6 +282,10 @@ func (s *Server) awaitPoolGuest(ctx context.Context, pv *store.PoolVM, mac strin
 	probe := fmt.Sprintf(`for d in /sys/class/net/*; do [ "$(cat "$d/address" 2>/dev/null)" = %s ] && echo "${d##*/}"; done; true`,
 		streaming.ShellQuote([]string{strings.ToLower(mac)}))
 	for {
+		// The clone resumed at its snapshot's time: its clock is stepped here, off the hand-over's
+		// path, best effort (a guest whose clock cannot be stepped is still a pool VM), and written
+		// at each try, as it carries the host's time.
+		script := stepClockLine(pv.Spec.Backend, s.nowFunc()) + "; " + probe
 		if !reseeded {
 			err = s.cocoon.VMReseed(ctx, pv.Spec.ID, true)
 			reseeded = err == nil
@@ -289,7 +293,7 @@ func (s *Server) awaitPoolGuest(ctx context.Context, pv *store.PoolVM, mac strin
 		if reseeded {
 			var out strings.Builder
 			var code int
-			code, err = s.cocoon.VMExec(ctx, pv.Spec.ID, []string{"/bin/sh", "-c", probe}, cocoon.ExecOptions{Stdout: &out})
+			code, err = s.cocoon.VMExec(ctx, pv.Spec.ID, []string{"/bin/sh", "-c", script}, cocoon.ExecOptions{Stdout: &out})
 			switch nics := strings.Fields(out.String()); {
 			case err != nil:
 			case code != 0 || len(nics) != 1 || !guestNICName.MatchString(nics[0]):

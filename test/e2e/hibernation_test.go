@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -63,7 +64,10 @@ func TestIdlePodHibernatesAndWakesOnUse(t *testing.T) {
 	n := newNode(t)
 	n.importImage(snapRef, n.snapshotImage("web", testimage.SnapshotOptions{Guest: guest.Spec{HTTPPort: 80}}))
 	podID, ctr, _ := n.runningPodAnnotated("sleepy", snapRef, map[string]string{vmruntime.AnnotationHibernateAfter: "2s"}, func(*runtimeapi.ContainerConfig) {})
-	n.mustCrictl("exec", ctr, "sh", "-c", "echo kept > /dev/shm/state")
+	// The guest's clock is set an hour back: it hibernates with it, and without a step at the wake
+	// it would wake an hour and the hibernated time behind (the simulated guest's clock resumes
+	// where its snapshot left it, as a real one does).
+	n.mustCrictl("exec", ctr, "sh", "-c", "echo kept > /dev/shm/state; date -s @$(( $(date +%s) - 3600 )) >/dev/null")
 	pid := n.vmPID(ctr)
 
 	info := n.waitHibernated(ctr)
@@ -86,6 +90,11 @@ func TestIdlePodHibernatesAndWakesOnUse(t *testing.T) {
 	}
 	if out := n.mustCrictl("exec", ctr, "cat", "/dev/shm/state"); out != "kept" {
 		t.Fatalf("the guest woken by traffic has %q in its tmpfs", out)
+	}
+	// Its clock was stepped from the host's at the wake.
+	out := n.mustCrictl("exec", ctr, "date", "+%s")
+	if guest, err := strconv.ParseInt(out, 10, 64); err != nil || guest < time.Now().Unix()-30 || guest > time.Now().Unix()+5 {
+		t.Fatalf("the woken guest's clock reads %q; the host's %d", out, time.Now().Unix())
 	}
 
 	// Idle again, it hibernates again; an exec wakes it.

@@ -18,6 +18,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
@@ -54,6 +55,9 @@ type SnapshotOptions struct {
 	// SharedMemory makes the snapshot of a VM created with --shared-memory (cocoon v0.5): its
 	// clones can take virtio-fs shares.
 	SharedMemory bool
+	// GuestClock, when set, is the guest's wall time when the snapshot was taken: its clones'
+	// clocks go on from there, as a restored guest's do. Unset, they start with the host's time.
+	GuestClock time.Time
 }
 
 func (o SnapshotOptions) withDefaults() SnapshotOptions {
@@ -291,7 +295,7 @@ func (s *snapshotLayout) dataFiles() ([]archiveFile, error) {
 		if o.NoVsock {
 			vsock = ""
 		}
-		vmstate, err := guest.EncodeFCState(s.fcConfig(), o.Name, SnapshotMachineID(o.Name), vsock)
+		vmstate, err := guest.EncodeFCState(s.fcConfig(), o.Name, SnapshotMachineID(o.Name), vsock, o.GuestClock)
 		if err != nil {
 			return nil, err
 		}
@@ -300,7 +304,11 @@ func (s *snapshotLayout) dataFiles() ([]archiveFile, error) {
 		if err := add("config.json", s.chConfig()); err != nil {
 			return nil, err
 		}
-		if err := add("state.json", map[string]any{"vm_name": o.Name, "state": "Paused", "machine_id": SnapshotMachineID(o.Name)}); err != nil {
+		state := map[string]any{"vm_name": o.Name, "state": "Paused", "machine_id": SnapshotMachineID(o.Name)}
+		if !o.GuestClock.IsZero() {
+			state["guest_clock_ns"] = o.GuestClock.UnixNano()
+		}
+		if err := add("state.json", state); err != nil {
 			return nil, err
 		}
 		files = append(files, archiveFile{name: "memory-range-0", data: memory})

@@ -246,7 +246,18 @@ func (v *vmm) guestState() (snapshotState, error) {
 	if err != nil {
 		return snapshotState{}, err
 	}
-	return snapshotState{VMName: v.name, State: v.state, CPUs: v.cfg.CPUs.BootVCPUs, GuestNetwork: &netState, MachineID: machineID}, nil
+	// The guest's clock as the vCPUs left it: a restored guest that has not resumed yet still has
+	// its snapshot's. A real kernel's is QEMU's, and the benchmark's null guest has none.
+	var clock int64
+	switch v.os.(type) {
+	case *simulatedOS:
+		if clock, err = guestWallTime(v.runDir); err != nil {
+			return snapshotState{}, err
+		}
+	case nil:
+		clock = v.restoredClock
+	}
+	return snapshotState{VMName: v.name, State: v.state, CPUs: v.cfg.CPUs.BootVCPUs, GuestNetwork: &netState, MachineID: machineID, GuestClock: clock}, nil
 }
 
 // writeMemory writes the paused guest's RAM to a snapshot's memory file (see memimage.go): the
@@ -324,6 +335,7 @@ func (v *vmm) restoreLocked(cfg *VMConfig, restored restoredGuest) error {
 	v.resumePending = true
 	v.restoredNet = restored.net
 	v.restoredMachineID = restored.machineID
+	v.restoredClock = restored.clock
 	v.restoredRAM = restored.ram
 	return nil
 }
@@ -337,12 +349,17 @@ type snapshotState struct {
 	GuestNetwork *guestNetwork `json:"guest_network,omitempty"`
 	// MachineID is the guest's /etc/machine-id: part of the disk and memory a clone inherits.
 	MachineID string `json:"machine_id,omitempty"`
+	// GuestClock is the guest's wall time at the capture, in Unix nanoseconds (kvmclock, as
+	// cloud-hypervisor saves it): a guest restored from the snapshot goes on from there.
+	GuestClock int64 `json:"guest_clock_ns,omitempty"`
 }
 
 // restoredGuest is what a snapshot keeps of the guest OS.
 type restoredGuest struct {
 	net       guestNetwork
 	machineID string
+	// clock is the guest's wall time at the capture (Unix nanoseconds), 0 when not recorded.
+	clock int64
 	// ram is the snapshot's memory file; nil when it has none the simulator can read.
 	ram *restoredRAM
 }
@@ -373,7 +390,7 @@ func readSnapshot(dir string) (*VMConfig, restoredGuest, error) {
 	if !slices.ContainsFunc(entries, func(e os.DirEntry) bool { return strings.HasPrefix(e.Name(), "memory-range") }) {
 		return nil, restoredGuest{}, errors.New("no memory-range file in snapshot")
 	}
-	restored := restoredGuest{machineID: state.MachineID}
+	restored := restoredGuest{machineID: state.MachineID, clock: state.GuestClock}
 	if state.GuestNetwork != nil {
 		restored.net = *state.GuestNetwork
 		return &cfg, restored, nil

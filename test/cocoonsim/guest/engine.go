@@ -24,7 +24,7 @@ func (v *vmm) bootGuestOS(cfg *VMConfig, nics []*nic) (guestOS, error) {
 		return nullOS{v}, nil
 	}
 	v.printBanner(cfg)
-	s, err := v.startSimulatedGuest(netState, nics, nil)
+	s, err := v.startSimulatedGuest(netState, nics, nil, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -40,14 +40,17 @@ func (v *vmm) resumeGuestOS(netState guestNetwork, nics []*nic, ram *restoredRAM
 	if FixedLatency() > 0 {
 		return nullOS{v}, nil
 	}
-	return v.startSimulatedGuest(netState, nics, ram)
+	return v.startSimulatedGuest(netState, nics, ram, v.restoredClock)
 }
 
 // startSimulatedGuest starts the simulated guest OS; ram, when not nil, is the memory it comes
-// back with.
-func (v *vmm) startSimulatedGuest(netState guestNetwork, nics []*nic, ram *restoredRAM) (guestOS, error) {
+// back with, and restoredAt, when not 0, the guest's wall time when its snapshot was taken.
+func (v *vmm) startSimulatedGuest(netState guestNetwork, nics []*nic, ram *restoredRAM, restoredAt int64) (guestOS, error) {
 	plan, err := planGuest(v.runDir, v.spec, netState, v.restoredMachineID)
 	if err != nil {
+		return nil, err
+	}
+	if err := v.startGuestClock(restoredAt); err != nil {
 		return nil, err
 	}
 	var shm *os.File

@@ -88,6 +88,8 @@ func runFirecracker(name string, args []string) int {
 			booted: time.Now(),
 			state:  stateCreated,
 			nics:   map[string]*nic{},
+			// Firecracker's x86_64 machine has no RTC: a guest's hwclock finds none.
+			noRTC: true,
 		},
 		id: *id,
 	}
@@ -485,9 +487,13 @@ type fcSnapshot struct {
 
 // EncodeFCState is the vmstate of a paused VM with cfg whose guest named vmName has machineID,
 // and whose vsock device, if any, listened on vsockUDS: for tools that write a snapshot without
-// running its VM. The guest's network comes from cfg's kernel command line.
-func EncodeFCState(cfg VMConfig, vmName, machineID, vsockUDS string) ([]byte, error) {
+// running its VM. The guest's network comes from cfg's kernel command line. guestClock, when not
+// zero, is the guest's wall time at the capture.
+func EncodeFCState(cfg VMConfig, vmName, machineID, vsockUDS string, guestClock time.Time) ([]byte, error) {
 	st := snapshotState{VMName: vmName, State: statePaused, CPUs: cfg.CPUs.BootVCPUs, MachineID: machineID}
+	if !guestClock.IsZero() {
+		st.GuestClock = guestClock.UnixNano()
+	}
 	return json.Marshal(fcSnapshot{Config: cfg, State: st, VsockUDS: vsockUDS})
 }
 
@@ -606,7 +612,7 @@ func (v *fcVMM) handleSnapshotLoad(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	restored := restoredGuest{machineID: snap.State.MachineID}
+	restored := restoredGuest{machineID: snap.State.MachineID, clock: snap.State.GuestClock}
 	if snap.State.GuestNetwork != nil {
 		restored.net = *snap.State.GuestNetwork
 	} else if restored.net, err = networkFromBootArgs(&cfg, v.runDir); err != nil {

@@ -117,6 +117,9 @@ func Main() (handled bool, exitCode int) {
 	if sock := os.Getenv(fsMountHelperEnv); sock != "" {
 		return true, runFsMountHelper(sock, os.Args[1:])
 	}
+	if file := os.Getenv(clockShimEnv); file != "" {
+		return true, runClockShim(file, os.Args[1:])
+	}
 	switch os.Getenv(roleEnv) {
 	case roleShim:
 		return true, runShim(os.Args[1:])

@@ -71,6 +71,9 @@ func bootGuestServices(vsockDev *os.File) error {
 	if err := writeFsMountHelper(plan.RunDir); err != nil {
 		return err
 	}
+	if err := writeClockShims(plan.RunDir); err != nil {
+		return err
+	}
 	// exec.Command looks commands up in this PATH, as cocoon-agent does in its own.
 	if err := os.Setenv("PATH", guestPATH); err != nil {
 		return err

@@ -108,7 +108,7 @@ func startSimulatedOS(logger *log.Logger, vmName string, plan osPlan, netState g
 			Cloneflags: syscall.CLONE_NEWNET | syscall.CLONE_NEWUTS | syscall.CLONE_NEWNS | syscall.CLONE_NEWPID,
 		},
 	}
-	startErr := proc.Start()
+	startErr := startWithoutSettingTime(proc)
 	_ = readyW.Close()
 	if startErr != nil {
 		_ = lifeW.Close()

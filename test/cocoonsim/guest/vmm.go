@@ -46,15 +46,20 @@ type vmm struct {
 	resumePending     bool
 	restoredNet       guestNetwork
 	restoredMachineID string
-	restoredRAM       *restoredRAM // the snapshot's memory file until the first resume; nil without one
-	console           *console
-	nics              map[string]*nic      // open virtio-net devices by ID
-	os                guestOS              // nil while no guest runs
-	diskDevs          map[string]string    // guest device names of hot-plugged disks, by device ID
-	vfioGroups        map[string]*os.File  // IOMMU groups held for passed-through devices, by group
-	fsDevs            map[string]*fsDevice // virtio-fs devices by ID
-	fsMounts          *net.UnixListener    // where the guest asks to mount a virtio-fs tag; nil until a device is added
-	load              *guestLoad           // what the running guest costs the process; nil with none or a real kernel
+	// restoredClock is the guest's wall time (Unix nanoseconds) when the restored snapshot was
+	// taken, 0 when it records none: the restored guest's clock goes on from there.
+	restoredClock int64
+	// noRTC: the VM has no real-time clock device (Firecracker on x86_64).
+	noRTC       bool
+	restoredRAM *restoredRAM // the snapshot's memory file until the first resume; nil without one
+	console     *console
+	nics        map[string]*nic      // open virtio-net devices by ID
+	os          guestOS              // nil while no guest runs
+	diskDevs    map[string]string    // guest device names of hot-plugged disks, by device ID
+	vfioGroups  map[string]*os.File  // IOMMU groups held for passed-through devices, by group
+	fsDevs      map[string]*fsDevice // virtio-fs devices by ID
+	fsMounts    *net.UnixListener    // where the guest asks to mount a virtio-fs tag; nil until a device is added
+	load        *guestLoad           // what the running guest costs the process; nil with none or a real kernel
 }
 
 // runVMM is the hypervisor process: it parses cloud-hypervisor arguments, boots the VM when they
