@@ -14,8 +14,9 @@ import (
 )
 
 // TestGuestSetupStepsAClonesClock: a clone's set-up steps its clock first (it resumed at its
-// snapshot's time), with the RTC where the hypervisor has one and the host's time otherwise; a
-// booted VM read the RTC at boot, and a pool VM's clock was stepped when the pool made it.
+// snapshot's time), to the host's time, or from the RTC where the hypervisor has one and the
+// guest's date cannot; a booted VM read the RTC at boot, and a pool VM's clock was stepped when the
+// pool made it.
 func TestGuestSetupStepsAClonesClock(t *testing.T) {
 	now := time.Unix(1_800_000_000, 600_000_000) // rounds up to ...001
 	sb := &store.Sandbox{}
@@ -23,7 +24,7 @@ func TestGuestSetupStepsAClonesClock(t *testing.T) {
 		vm   store.VM
 		want string
 	}{
-		{store.VM{Mode: store.VMClone}, "{ hwclock -s -u || date -u -s @1800000001; } >/dev/null 2>&1 || "},
+		{store.VM{Mode: store.VMClone}, "{ date -u -s @1800000001 || hwclock -s -u; } >/dev/null 2>&1 || "},
 		{store.VM{Mode: store.VMClone, Backend: cocoon.HypervisorFirecracker}, "{ date -u -s @1800000001; } >/dev/null 2>&1 || "},
 		{store.VM{Mode: store.VMBoot}, ""},
 		{store.VM{Mode: store.VMClone, Pooled: true}, ""},
@@ -43,8 +44,8 @@ func TestGuestSetupStepsAClonesClock(t *testing.T) {
 }
 
 // TestStepClockLineFallsBack runs the clock step in a shell whose hwclock and date are stubs: the
-// RTC first, the host's time when the guest has no hwclock or no RTC, and a failure of both shows
-// in the exit status only.
+// host's time first, the RTC when the guest's date cannot set the clock, and a failure of both
+// shows in the exit status only.
 func TestStepClockLineFallsBack(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
 	for _, tc := range []struct {
@@ -53,10 +54,10 @@ func TestStepClockLineFallsBack(t *testing.T) {
 		wantRan         string
 		wantExitNonZero bool
 	}{
-		{"rtc", "0", "0", "hwclock -s -u\n", false},
-		{"no rtc", "1", "0", "hwclock -s -u\ndate -u -s @1800000000\n", false},
-		{"no hwclock", "", "0", "date -u -s @1800000000\n", false},
-		{"neither", "1", "1", "hwclock -s -u\ndate -u -s @1800000000\n", true},
+		{"date", "0", "0", "date -u -s @1800000000\n", false},
+		{"date refused", "0", "1", "date -u -s @1800000000\nhwclock -s -u\n", false},
+		{"no date", "0", "", "hwclock -s -u\n", false},
+		{"neither", "1", "1", "date -u -s @1800000000\nhwclock -s -u\n", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()

@@ -101,17 +101,18 @@ func (s *Server) reseedClone(ctx context.Context, c *store.Container, log *slog.
 // stepClockLine is one shell command that steps a restored guest's wall clock to the host's. A
 // guest restored from a snapshot (a clone, a fork, a checkpoint, a woken hibernation) resumes
 // with the clock it had when the snapshot was taken, and nothing in cocoon steps it
-// (docs/cocoon-contract.md, "The guest's clock"). cloud-hypervisor's RTC reads the host's clock,
-// so hwclock -s takes the host's time in the guest, to the second's edge (util-linux waits for
-// it, up to a second); a guest without hwclock or an RTC (Firecracker has none) is set to now as
-// cocoon-cri reads it, rounded to the second, which is what busybox's date takes. Output is
-// dropped: the exit status says whether either worked.
+// (docs/cocoon-contract.md, "The guest's clock"). The guest is set to now as cocoon-cri reads it,
+// rounded to the second, which is what busybox's date takes; a guest whose date cannot set the
+// clock reads cloud-hypervisor's RTC, which holds the host's time, with hwclock -s (Firecracker
+// has no RTC). The RTC is not tried first: util-linux's hwclock waits for the second's edge, up to
+// a second, and a wake is waited for. Output is dropped: the exit status says whether either
+// worked.
 func stepClockLine(backend string, now time.Time) string {
 	date := fmt.Sprintf("date -u -s @%d", now.Round(time.Second).Unix())
 	if backend == cocoon.HypervisorFirecracker {
 		return "{ " + date + "; } >/dev/null 2>&1"
 	}
-	return "{ hwclock -s -u || " + date + "; } >/dev/null 2>&1"
+	return "{ " + date + " || hwclock -s -u; } >/dev/null 2>&1"
 }
 
 // stepGuestClock steps a woken guest's clock to the host's, best effort: a failure is logged and
