@@ -332,7 +332,7 @@ func (n *fakeNetwork) ReclaimFromVM(sandboxID, _, vmNetNS string, result json.Ra
 	return nil
 }
 
-func (n *fakeNetwork) PodInterfaceCounters(podNetNS string) (vmstats.Interface, error) {
+func (n *fakeNetwork) PodInterfaceCounters(sandboxID, podNetNS string) (vmstats.Interface, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if err := n.call("PodInterfaceCounters", podNetNS); err != nil {
