@@ -40,6 +40,7 @@ type fakeNode struct {
 func newFakeNode(t *testing.T, cfg Config) *fakeNode {
 	t.Helper()
 	n := &fakeNode{t: t, dir: t.TempDir(), cfg: cfg, cocoon: newFakeCocoon(), net: newFakeNetwork()}
+	n.cocoon.plugin = n.net
 	n.clock.Store(time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC).UnixNano())
 	n.start()
 	return n
