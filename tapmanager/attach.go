@@ -246,12 +246,13 @@ func readHolder(path string) string {
 	return strings.TrimSpace(string(data))
 }
 
-// writeHolder records where the interface is, atomically.
+// writeHolder records where the interface is, atomically. Not synced: the namespaces it names
+// and the interface itself do not outlive the boot.
 func writeHolder(path, nsPath string) error {
 	if path == "" {
 		return nil
 	}
-	if err := atomicfile.Write(path, []byte(nsPath+"\n"), 0o600); err != nil {
+	if err := atomicfile.Replace(path, []byte(nsPath+"\n"), 0o600); err != nil {
 		return fmt.Errorf("record interface holder: %w", err)
 	}
 	return nil

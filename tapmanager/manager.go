@@ -106,7 +106,8 @@ func (m *Manager) PrepareCocoon(sandboxID, podNetNS string, result json.RawMessa
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("create %s: %w", dir, err)
 	}
-	return atomicfile.Write(filepath.Join(dir, CocoonNetwork+".conflist"), data, 0o644)
+	// Not synced: it names the pod's namespace, which no boot after a power loss has either.
+	return atomicfile.Replace(filepath.Join(dir, CocoonNetwork+".conflist"), data, 0o644)
 }
 
 // RemoveCocoon deletes the sandbox's cocoon configuration; a missing one is fine.
