@@ -29,8 +29,8 @@ type attachConf struct {
 	cnitypes.PluginConf
 	// PodNetNS is the pod's own namespace, where the interface lives between VMs.
 	PodNetNS string `json:"podNetNS"`
-	// HolderFile records the namespace that holds the interface now, so a new VM can take it from
-	// a previous one that was never reclaimed (a crash between stop and reclaim).
+	// HolderFile records the namespace that holds the interface now: a stopped VM keeps it until
+	// the pod's next VM takes it from there, vm rm gives it back, or the pod's CNI DEL needs it.
 	HolderFile string `json:"holderFile"`
 	// PodResult is the cluster CNI's ADD result for the pod: the addresses cocoon gives the guest.
 	PodResult json.RawMessage `json:"podResult"`
@@ -101,6 +101,10 @@ func attachDel(args *skel.CmdArgs) error {
 	if args.Netns == "" {
 		// The VM's namespace is gone and the interface with it; the cluster's DEL cleans the rest.
 		return nil
+	}
+	if held, err := holds(args.Netns, args.IfName); err != nil || !held {
+		// A later VM of the pod took the interface, or it is home: the holder record stands.
+		return err
 	}
 	if err := Reclaim(conf.PodNetNS, args.Netns, args.IfName, result); err != nil {
 		return err
@@ -249,12 +253,13 @@ func readHolder(path string) string {
 	return strings.TrimSpace(string(data))
 }
 
-// writeHolder records where the interface is, atomically.
+// writeHolder records where the interface is, atomically. Not synced: the namespaces it names
+// and the interface itself do not outlive the boot.
 func writeHolder(path, nsPath string) error {
 	if path == "" {
 		return nil
 	}
-	if err := atomicfile.Write(path, []byte(nsPath+"\n"), 0o600); err != nil {
+	if err := atomicfile.Replace(path, []byte(nsPath+"\n"), 0o600); err != nil {
 		return fmt.Errorf("record interface holder: %w", err)
 	}
 	return nil

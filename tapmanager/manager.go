@@ -8,8 +8,12 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
 	"github.com/cocoonstack/cocoon-cri/pkg/atomicfile"
 	"github.com/cocoonstack/cocoon-cri/pkg/faultpoint"
+	"github.com/cocoonstack/cocoon-cri/pkg/vmstats"
 )
 
 // CocoonNetwork is the name of the network in the configuration cocoon-cri writes for each
@@ -102,7 +106,8 @@ func (m *Manager) PrepareCocoon(sandboxID, podNetNS string, result json.RawMessa
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("create %s: %w", dir, err)
 	}
-	return atomicfile.Write(filepath.Join(dir, CocoonNetwork+".conflist"), data, 0o644)
+	// Not synced: it names the pod's namespace, which no boot after a power loss has either.
+	return atomicfile.Replace(filepath.Join(dir, CocoonNetwork+".conflist"), data, 0o644)
 }
 
 // RemoveCocoon deletes the sandbox's cocoon configuration; a missing one is fine.
@@ -113,15 +118,70 @@ func (m *Manager) RemoveCocoon(sandboxID string) error {
 	return nil
 }
 
-// ReclaimFromVM takes the pod interface back from a stopped VM's namespace.
+// ReclaimFromVM takes the pod interface back from a VM's namespace, if that namespace holds it.
+// A stopped VM keeps the interface (a move between namespaces costs tens of milliseconds of RCU
+// grace periods): the pod's next VM takes it from there, and the cluster's CNI DEL needs it back.
 func (m *Manager) ReclaimFromVM(sandboxID, podNetNS, vmNetNS string, result json.RawMessage) error {
 	res, err := DecodeResult(result)
 	if err != nil {
 		return fmt.Errorf("read the pod's CNI result: %w", err)
+	}
+	held, err := holds(vmNetNS, VMIfName)
+	if err != nil || !held {
+		// The record names where the interface is: another VM of the pod may have it now.
+		return err
 	}
 	if err := Reclaim(podNetNS, vmNetNS, VMIfName, res); err != nil {
 		return fmt.Errorf("take the pod interface back from %s: %w", vmNetNS, err)
 	}
 	faultpoint.Hit("interface reclaimed")
 	return writeHolder(m.holderFile(sandboxID), podNetNS)
+}
+
+// holds reports whether the VM namespace at vmNetNS has the pod interface (as ifName). A namespace
+// that no longer exists holds nothing, nor does a warm pool VM's placeholder.
+func holds(vmNetNS, ifName string) (bool, error) {
+	if vmNetNS == "" {
+		return false, nil
+	}
+	if _, err := os.Stat(vmNetNS); errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	link, err := lookupLink(vmNetNS, ifName)
+	return link != nil && !isPlaceholder(link), err
+}
+
+// PodInterfaceCounters reads the pod interface's counters while no VM runs: in the pod's
+// namespace, or in the namespace of the stopped VM that still holds it.
+func (m *Manager) PodInterfaceCounters(sandboxID, podNetNS string) (vmstats.Interface, error) {
+	st, err := m.NetNS.PodInterfaceCounters(podNetNS)
+	if !errors.Is(err, unix.ENODEV) {
+		return st, err
+	}
+	holder := readHolder(m.holderFile(sandboxID))
+	if holder == "" || holder == podNetNS {
+		return st, err
+	}
+	return heldInterfaceCounters(holder)
+}
+
+// heldInterfaceCounters reads the pod interface in a VM's namespace through a handle opened for
+// the read: a kept socket would keep the namespace alive after cocoon removes the VM.
+func heldInterfaceCounters(vmNetNS string) (vmstats.Interface, error) {
+	var st vmstats.Interface
+	err := withHandle(vmNetNS, func(h *netlink.Handle) error {
+		link, err := h.LinkByName(VMIfName)
+		if err != nil {
+			return err
+		}
+		if s := link.Attrs().Statistics; s != nil {
+			st = vmstats.Interface{RxBytes: s.RxBytes, TxBytes: s.TxBytes, RxErrors: s.RxErrors, TxErrors: s.TxErrors}
+		}
+		return nil
+	})
+	if err != nil {
+		return vmstats.Interface{}, fmt.Errorf("counters of the pod interface held in %s: %w", vmNetNS, err)
+	}
+	st.Name = PodIfName
+	return st, nil
 }

@@ -59,7 +59,7 @@ func (s *Server) stopVM(ctx context.Context, sb *store.Sandbox, c *store.Contain
 	if c.VM.Hibernated() {
 		// Waking the guest to shut it down would take longer than the stop is meant to: its saved
 		// state is discarded instead, as a SIGKILL discards a process's.
-		if err := s.discardHibernation(ctx, sb, c); err != nil {
+		if err := s.discardHibernation(ctx, c); err != nil {
 			return err
 		}
 		s.log.Info("container stopped while its VM hibernated", "container", c.ID, "vm", c.VM.ID)
@@ -125,17 +125,21 @@ func (s *Server) askGuestPowerOff(ctx context.Context, sb *store.Sandbox, c *sto
 	return powerOffAnswer{poweredOff: true}
 }
 
-// powerOff stops the VM and takes the pod interface back from it. A VM cocoon no longer has is
-// reported as ErrNotFound (wrapped) after the interface is taken back.
+// powerOff stops the VM. The pod interface stays in the stopped VM's namespace: moving it costs
+// tens of milliseconds of the kernel's RCU grace periods, and it is moved only when something
+// needs it (docs/networking.md). A VM cocoon no longer has is reported as ErrNotFound (wrapped).
 func (s *Server) powerOff(ctx context.Context, sb *store.Sandbox, c *store.Container, timeout time.Duration) error {
 	err := s.cocoonFor(sb).VMStop(ctx, c.VM.ID, cocoon.StopOptions{Force: timeout == 0, Timeout: timeout})
-	if err != nil && !errors.Is(err, cocoon.ErrNotFound) {
+	switch {
+	case errors.Is(err, cocoon.ErrNotFound):
+		if rerr := s.reclaimLostVM(sb, c); rerr != nil {
+			return rerr
+		}
+		return err
+	case err != nil:
 		return fmt.Errorf("stop VM %s: %w", c.VM.ID, err)
 	}
-	if rerr := s.reclaimInterface(sb, c); rerr != nil {
-		return rerr
-	}
-	return err
+	return nil
 }
 
 // exitStatus is how a container ended.

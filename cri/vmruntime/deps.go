@@ -106,7 +106,9 @@ type PodNetwork interface {
 	// ReclaimFromVM takes the pod interface back from a stopped VM's namespace.
 	ReclaimFromVM(sandboxID, podNetNS, vmNetNS string, result json.RawMessage) error
 
-	PodInterfaceCounters(podNetNS string) (vmstats.Interface, error)
+	// PodInterfaceCounters reads the pod interface while no VM runs: in the pod's namespace, or in
+	// that of the stopped VM that still holds it.
+	PodInterfaceCounters(sandboxID, podNetNS string) (vmstats.Interface, error)
 	// WatchTraffic watches the pod interface in a VM's namespace for the pod's use.
 	WatchTraffic(vmNetNS string, podIP net.IP) (tapmanager.Traffic, error)
 	// RemoveLeftovers removes the network leftovers of sandboxes not in known.

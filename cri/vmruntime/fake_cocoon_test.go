@@ -61,6 +61,27 @@ type fakeCocoonState struct {
 	watchers   map[chan cocoon.VMEvent]struct{}
 	pid        func() int
 	exec       fakeGuest
+	// plugin, when set, is run as cocoon runs a sandbox's attach plugin: ADD when a VM is made,
+	// DEL when it is removed.
+	plugin fakeAttachPlugin
+}
+
+// fakeAttachPlugin is the attach plugin's effect on the pod network (fakeNetwork's).
+type fakeAttachPlugin interface {
+	attachAdd(cniConfDir, vmNetNS string) error
+	attachDel(cniConfDir, vmNetNS string)
+}
+
+// runAttachPlugin runs the plugin's ADD for a new VM, which cocoon does not keep when it fails.
+func (f *fakeCocoon) runAttachPlugin(v *fakeVM, args ...string) error {
+	if f.plugin == nil || v.cniConfDir == "" || len(v.NetworkConfigs) == 0 {
+		return nil
+	}
+	if err := f.plugin.attachAdd(v.cniConfDir, v.NetworkConfigs[0].NetnsPath); err != nil {
+		delete(f.vms, v.ID)
+		return cocoonErr(nil, "cni add: "+err.Error(), args...)
+	}
+	return nil
 }
 
 // fakeGuest answers vm exec in a VM's guest.
@@ -442,6 +463,9 @@ func (f *fakeCocoon) VMClone(_ context.Context, snapshot string, o cocoon.CloneO
 		nics = o.NICs
 	}
 	v := f.newVM(o.Name, cmp.Or(snap.Hypervisor, cocoon.HypervisorCloudHypervisor), cfg, nics)
+	if err := f.runAttachPlugin(v, args...); err != nil {
+		return nil, err
+	}
 	v.copied = o.CopyMemory || !o.OnDemand && !f.caps.CloneRestoreMode
 	f.boot(v)
 	f.emit(cocoon.VMAdded, v.VM)
@@ -482,6 +506,9 @@ func (f *fakeCocoon) VMCreate(_ context.Context, image string, o cocoon.CreateOp
 		CPU: o.CPU, Memory: o.Memory, Storage: o.Storage, Image: image, ImageType: img.Type,
 		Network: o.Network, NoDirectIO: o.NoDirectIO, Windows: o.Windows, SharedMemory: o.SharedMemory,
 	}, o.NICs)
+	if err := f.runAttachPlugin(v, args...); err != nil {
+		return nil, err
+	}
 	f.emit(cocoon.VMAdded, v.VM)
 	vm := v.VM
 	return &vm, nil
@@ -537,6 +564,9 @@ func (f *fakeCocoon) VMRemove(_ context.Context, id string, force bool) error {
 		return cocoonErr(cocoon.ErrInUse, fmt.Sprintf("vm %s is running (force required)", id), args...)
 	}
 	delete(f.vms, v.ID)
+	if f.plugin != nil && v.cniConfDir != "" && len(v.NetworkConfigs) > 0 {
+		f.plugin.attachDel(v.cniConfDir, v.NetworkConfigs[0].NetnsPath)
+	}
 	f.emit(cocoon.VMDeleted, v.VM)
 	return nil
 }

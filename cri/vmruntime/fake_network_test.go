@@ -22,6 +22,11 @@ import (
 // cocoon's per-sandbox configuration is the result it was handed. Like tapmanager, removals and
 // DEL are safe to repeat, and ADD needs the namespace. Every call that can fail is recorded and
 // can be made to fail (faults).
+//
+// The pod interface is where the namespace path in ifaces says. The fake cocoon runs the attach
+// plugin (attachAdd, attachDel) as cocoon does for the VMs of a sandbox. As with the cluster's
+// real plugins, a DEL that does not find the interface in the pod's namespace leaves what the
+// plugins set up on it (unreleased), and an interface goes with the namespace it is in.
 type fakeNetwork struct {
 	faults
 
@@ -35,6 +40,8 @@ type fakeNetwork struct {
 	watches  map[*fakeTraffic]bool // open traffic watches
 	// handedOver names, by VM namespace, the sandbox whose pod interface a pool VM was given.
 	handedOver map[string]string
+	ifaces     map[string]string // sandbox ID -> the namespace its pod interface is in
+	unreleased map[string]bool   // sandbox IDs whose DEL missed the pod interface
 }
 
 // fakeTraffic is a watch of the pod's traffic in a VM's namespace; the test sends it packets.
@@ -138,7 +145,7 @@ const fakeNetDir = "/fake-net"
 func newFakeNetwork(names ...string) *fakeNetwork {
 	n := &fakeNetwork{
 		netns: map[string]bool{}, leases: map[string]string{}, cocoon: map[string]json.RawMessage{},
-		handedOver: map[string]string{},
+		handedOver: map[string]string{}, ifaces: map[string]string{}, unreleased: map[string]bool{},
 	}
 	if len(names) == 0 {
 		names = []string{"podnet"}
@@ -158,7 +165,8 @@ var _ PodNetwork = (*fakeNetwork)(nil)
 // --- test controls and views ---
 
 // held lists what the network holds for pods, sorted: "netns PATH", "lease SANDBOX IP",
-// "cocoon SANDBOX". Empty when every pod is gone without a leak.
+// "cocoon SANDBOX", "interface SANDBOX NETNS", "unreleased SANDBOX". Empty when every pod is gone
+// without a leak.
 func (n *fakeNetwork) held() []string {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -171,6 +179,12 @@ func (n *fakeNetwork) held() []string {
 	}
 	for id := range n.cocoon {
 		out = append(out, "cocoon "+id)
+	}
+	for id, at := range n.ifaces {
+		out = append(out, "interface "+id+" "+at)
+	}
+	for id := range n.unreleased {
+		out = append(out, "unreleased "+id)
 	}
 	slices.Sort(out)
 	return out
@@ -214,6 +228,11 @@ func (n *fakeNetwork) RemoveNetNS(path string) error {
 		return err
 	}
 	delete(n.netns, path)
+	for id, at := range n.ifaces {
+		if at == path {
+			delete(n.ifaces, id)
+		}
+	}
 	return nil
 }
 
@@ -264,6 +283,7 @@ func (n *fakeNetwork) Add(_ context.Context, list *libcni.NetworkConfigList, pod
 	n.serial++
 	ip := net.IPv4(10, 88, byte(n.serial>>8), byte(n.serial))
 	n.leases[pod.SandboxID] = ip.String()
+	n.ifaces[pod.SandboxID] = pod.NetNS
 	podIf := 1
 	return &current.Result{
 		CNIVersion: "1.0.0",
@@ -279,7 +299,8 @@ func (n *fakeNetwork) Add(_ context.Context, list *libcni.NetworkConfigList, pod
 	}, nil
 }
 
-// Del releases the sandbox's lease, whether or not it holds one.
+// Del releases the sandbox's lease, whether or not it holds one, and the pod interface if it is in
+// the pod's namespace.
 func (n *fakeNetwork) Del(_ context.Context, confList []byte, pod tapmanager.Pod) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -290,6 +311,14 @@ func (n *fakeNetwork) Del(_ context.Context, confList []byte, pod tapmanager.Pod
 		return fmt.Errorf("read the recorded CNI configuration: %w", err)
 	}
 	delete(n.leases, pod.SandboxID)
+	switch at := n.ifaces[pod.SandboxID]; at {
+	case pod.NetNS:
+		delete(n.ifaces, pod.SandboxID)
+		delete(n.unreleased, pod.SandboxID)
+	case "":
+	default:
+		n.unreleased[pod.SandboxID] = true
+	}
 	return nil
 }
 
@@ -332,6 +361,7 @@ func (n *fakeNetwork) PreparePoolVM(id string) error {
 	}
 	n.netns[n.netNSPath(id)] = true
 	n.cocoon[id] = json.RawMessage(`{"cniVersion":"1.0.0","ips":[{"address":"192.0.2.1/32"}]}`)
+	n.ifaces[id] = n.netNSPath(id) // the placeholder
 	return nil
 }
 
@@ -343,6 +373,7 @@ func (n *fakeNetwork) RemovePoolVM(id string) error {
 	}
 	delete(n.netns, n.netNSPath(id))
 	delete(n.cocoon, id)
+	delete(n.ifaces, id)
 	return nil
 }
 
@@ -354,10 +385,11 @@ func (n *fakeNetwork) HandOver(sandboxID, podNetNS, vmNetNS string) error {
 	if err := n.call("HandOver", sandboxID, vmNetNS); err != nil {
 		return err
 	}
-	if !n.netns[podNetNS] || n.cocoon[sandboxID] == nil || vmNetNS == "" {
+	if !n.netns[podNetNS] || n.cocoon[sandboxID] == nil || vmNetNS == "" || n.ifaces[sandboxID] == "" {
 		return fmt.Errorf("hand over %s's interface to %q: the sandbox has no network", sandboxID, vmNetNS)
 	}
 	n.handedOver[vmNetNS] = sandboxID
+	n.ifaces[sandboxID] = vmNetNS
 	return nil
 }
 
@@ -368,8 +400,9 @@ func (n *fakeNetwork) interfaceOf(vmNetNS string) string {
 	return n.handedOver[vmNetNS]
 }
 
-// ReclaimFromVM checks the result it is handed; the pod interface has no place to be in memory.
-func (n *fakeNetwork) ReclaimFromVM(sandboxID, _, vmNetNS string, result json.RawMessage) error {
+// ReclaimFromVM checks the result it is handed and moves the pod interface home if the VM's
+// namespace holds it.
+func (n *fakeNetwork) ReclaimFromVM(sandboxID, podNetNS, vmNetNS string, result json.RawMessage) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if err := n.call("ReclaimFromVM", sandboxID, vmNetNS); err != nil {
@@ -378,14 +411,63 @@ func (n *fakeNetwork) ReclaimFromVM(sandboxID, _, vmNetNS string, result json.Ra
 	if _, err := tapmanager.DecodeResult(result); err != nil {
 		return fmt.Errorf("read the pod's CNI result: %w", err)
 	}
+	if n.ifaces[sandboxID] == vmNetNS {
+		n.ifaces[sandboxID] = podNetNS
+	}
 	return nil
 }
 
-func (n *fakeNetwork) PodInterfaceCounters(podNetNS string) (vmstats.Interface, error) {
+// sandboxOfConfDir is the sandbox whose cocoon configuration is in dir (CocoonConfDir).
+func sandboxOfConfDir(dir string) string {
+	return strings.TrimSuffix(strings.TrimPrefix(dir, fakeNetDir+"/pods/"), "/net.d")
+}
+
+// attachAdd is the attach plugin's ADD for a new VM of the sandbox configured in confDir: the
+// interface comes from wherever it is. A sandbox the fake never attached is left alone.
+func (n *fakeNetwork) attachAdd(confDir, vmNetNS string) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	id := sandboxOfConfDir(confDir)
+	switch {
+	case n.ifaces[id] != "":
+		n.ifaces[id] = vmNetNS
+	case n.cocoon[id] != nil:
+		return fmt.Errorf("the pod interface %s of sandbox %s is neither in its namespace nor held by a VM", tapmanager.PodIfName, id)
+	}
+	return nil
+}
+
+// attachDel is the plugin's DEL as vm rm runs it: a VM that holds the interface gives it back to
+// the pod's namespace, or, with that gone, it goes with the VM's.
+func (n *fakeNetwork) attachDel(confDir, vmNetNS string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	id := sandboxOfConfDir(confDir)
+	if n.ifaces[id] != vmNetNS {
+		return
+	}
+	if pod := n.netNSPath(id); n.netns[pod] {
+		n.ifaces[id] = pod
+	} else {
+		delete(n.ifaces, id)
+	}
+}
+
+// interfaceAt is the namespace the sandbox's pod interface is in; "" when it is gone.
+func (n *fakeNetwork) interfaceAt(sandboxID string) string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.ifaces[sandboxID]
+}
+
+func (n *fakeNetwork) PodInterfaceCounters(sandboxID, podNetNS string) (vmstats.Interface, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if err := n.call("PodInterfaceCounters", podNetNS); err != nil {
 		return vmstats.Interface{}, err
+	}
+	if n.ifaces[sandboxID] == "" {
+		return vmstats.Interface{}, fmt.Errorf("counters of %s in %s: no such device", tapmanager.PodIfName, podNetNS)
 	}
 	return vmstats.Interface{Name: tapmanager.PodIfName}, nil
 }

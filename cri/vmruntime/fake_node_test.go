@@ -44,6 +44,7 @@ func newFakeNode(t *testing.T, cfg Config) *fakeNode {
 		cfg.Cgroups = &fakeCgroups{}
 	}
 	n := &fakeNode{t: t, dir: t.TempDir(), cfg: cfg, cocoon: newFakeCocoon(), net: newFakeNetwork()}
+	n.cocoon.plugin = n.net
 	n.clock.Store(time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC).UnixNano())
 	n.start()
 	return n

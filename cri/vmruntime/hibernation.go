@@ -515,11 +515,9 @@ func (s *Server) inUse(ctx context.Context, containerID string) (release func(),
 }
 
 // discardHibernation ends a hibernated container without waking its guest: the saved state is
-// deleted and the pod interface taken back. The caller holds the sandbox lock.
-func (s *Server) discardHibernation(ctx context.Context, sb *store.Sandbox, c *store.Container) error {
-	if err := s.reclaimInterface(sb, c); err != nil {
-		return err
-	}
+// deleted; the pod interface stays in the VM's namespace, as a stopped VM's does. The caller holds
+// the sandbox lock.
+func (s *Server) discardHibernation(ctx context.Context, c *store.Container) error {
 	s.removeSnapshot(ctx, c.VM.Hibernation.Snapshot, "a hibernation")
 	s.idle.drop(c.ID)
 	if _, err := s.store.Containers.Modify(c.ID, func(r *store.Container) error {

@@ -77,7 +77,11 @@ func TestClonedPodLife(t *testing.T) {
 	if vm, _ := n.cocoon.vm(c.VM.ID); vm.State != cocoon.VMStateStopped {
 		t.Errorf("VM %s after the stop", vm.State)
 	}
-	wantCalls(t, "stop: network", n.net.calls(), "ReclaimFromVM "+sandboxID+" "+c.VM.NetNS)
+	// The stopped VM keeps the pod interface: nothing moves it at a stop.
+	wantCalls(t, "stop: network", n.net.calls())
+	if at := n.net.interfaceAt(sandboxID); at != c.VM.NetNS {
+		t.Errorf("after the stop the pod interface is in %q, want the stopped VM's %q", at, c.VM.NetNS)
+	}
 
 	if _, err := n.s.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: containerID}); err != nil {
 		t.Fatal(err)
@@ -89,6 +93,9 @@ func TestClonedPodLife(t *testing.T) {
 		t.Fatalf("VMs left in cocoon: %q", names)
 	}
 	wantCalls(t, "VM", vmCalls(n.cocoon), "VMClone "+c.VM.Name+" "+img.LocalName, "VMStop "+c.VM.ID, "VMRemove "+c.VM.ID)
+	if at := n.net.interfaceAt(sandboxID); at != sb.NetNS {
+		t.Errorf("after vm rm the pod interface is in %q, want the pod's %q", at, sb.NetNS)
+	}
 
 	n.net.reset()
 	if _, err := n.s.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: sandboxID}); err != nil {

@@ -16,8 +16,9 @@ import (
 
 // The pod network, in the order of a sandbox's life: the cluster's CNI attaches the pod's namespace
 // (RunPodSandbox); each VM takes the pod interface over through cocoon and the attach plugin
-// (StartContainer); a stopped VM gives it back (StopContainer); the cluster's CNI detaches the pod
-// (StopPodSandbox); the namespace goes with the sandbox (RemovePodSandbox).
+// (StartContainer), from the pod's namespace or from the stopped VM that kept it; a removed VM
+// gives it back (the plugin's DEL in vm rm); the cluster's CNI detaches the pod once the interface
+// is back (StopPodSandbox); the namespace goes with the sandbox (RemovePodSandbox).
 
 // loadNetwork picks the network a new sandbox joins: the one named by the pod's network
 // annotation, or the node's default. A pod may name only the default network and those the
@@ -70,6 +71,14 @@ func (s *Server) detachSandbox(ctx context.Context, sb *store.Sandbox) error {
 	if sb.Network == nil || sb.Network.Released {
 		return nil
 	}
+	// The plugins release what they find on the interface in the pod's namespace (a bridge's
+	// masquerade rules go by its addresses, the veth by its name): a stopped VM that kept it gives
+	// it back first. None of the sandbox's VMs runs by now.
+	for _, c := range s.sandboxContainers(sb.ID) {
+		if err := s.reclaimInterface(sb, c); err != nil {
+			return err
+		}
+	}
 	if err := s.net.Del(ctx, sb.Network.ConfList, podForCNI(sb)); err != nil {
 		return err
 	}
@@ -95,11 +104,17 @@ func (s *Server) cocoonFor(sb *store.Sandbox) Cocoon {
 	return s.cocoon.WithNetwork(s.net.CocoonConfDir(sb.ID), s.net.PluginDir(), sb.Config.Msg.GetDnsConfig().GetServers())
 }
 
-// reclaimInterface takes the pod interface back from a container's stopped VM, so the pod's next
-// VM can take it over.
+// reclaimInterface takes the pod interface back from a container's stopped VM, if that VM holds it.
 func (s *Server) reclaimInterface(sb *store.Sandbox, c *store.Container) error {
 	if sb.Network == nil || len(sb.Network.Result) == 0 || c.VM.NetNS == "" {
 		return nil
 	}
 	return s.net.ReclaimFromVM(sb.ID, sb.NetNS, c.VM.NetNS, sb.Network.Result)
+}
+
+// reclaimLostVM takes the pod interface back from the namespace of a VM cocoon no longer knows:
+// no vm rm will run the attach plugin's DEL for it, and a namespace that outlived its VM would
+// keep the interface from the pod's next VM.
+func (s *Server) reclaimLostVM(sb *store.Sandbox, c *store.Container) error {
+	return s.reclaimInterface(sb, c)
 }

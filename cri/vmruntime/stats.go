@@ -236,8 +236,8 @@ func (s *Server) writableLayer(c *store.Container, now int64) *runtimeapi.Filesy
 }
 
 // podNetwork reads the pod interface: in the namespace of the running container's hypervisor,
-// which holds it, or in the pod's namespace while no VM does. Nil when neither has it (the
-// sandbox was detached from the network).
+// which holds it, or, while no VM runs, where the network finds it (the pod's namespace, or a
+// stopped VM's). Nil when none has it (the sandbox was detached from the network).
 func (s *Server) podNetwork(sb *store.Sandbox, running *store.Container, now int64) *runtimeapi.NetworkUsage {
 	var iface vmstats.Interface
 	found := false
@@ -249,7 +249,7 @@ func (s *Server) podNetwork(sb *store.Sandbox, running *store.Container, now int
 	}
 	if !found && sb.NetNS != "" && sb.Network != nil && sb.Network.Result != nil {
 		var err error
-		if iface, err = s.net.PodInterfaceCounters(sb.NetNS); err != nil {
+		if iface, err = s.net.PodInterfaceCounters(sb.ID, sb.NetNS); err != nil {
 			s.log.Debug("no pod interface counters", "sandbox", sb.ID, "err", err)
 			return nil
 		}

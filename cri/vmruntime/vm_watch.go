@@ -186,9 +186,12 @@ func (s *Server) checkVMEndedOnce(ctx context.Context, sandboxID, containerID, v
 	default:
 		return false
 	}
-	// The pod interface goes back to the pod, so the kubelet's next container can take it.
-	if err := s.reclaimInterface(sb, c); err != nil {
-		s.log.Warn("taking the pod interface back from an ended VM failed", "container", c.ID, "err", err)
+	// An ended VM keeps the pod interface for the kubelet's next container to take, as a stopped
+	// one does, unless cocoon lost it.
+	if errors.Is(err, cocoon.ErrNotFound) {
+		if err := s.reclaimLostVM(sb, c); err != nil {
+			s.log.Warn("taking the pod interface back from a VM cocoon lost failed", "container", c.ID, "err", err)
+		}
 	}
 	if err := s.recordExit(c, st); err != nil {
 		s.log.Error("recording the end of a VM failed", "container", c.ID, "err", err)

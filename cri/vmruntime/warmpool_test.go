@@ -115,8 +115,8 @@ func TestWarmPoolFillsAndHandsAVMToAPod(t *testing.T) {
 	if want := "/cocoon-cri-pool/" + poolNetID(c.VM.Name); c.VM.Cgroup != want {
 		t.Errorf("container cgroup %q, want the pool VM's %q kept", c.VM.Cgroup, want)
 	}
-	if got := n.net.interfaceOf(c.VM.NetNS); got != sandboxID {
-		t.Fatalf("the pool VM's namespace has %q's interface, want the pod's", got)
+	if got := n.net.interfaceOf(c.VM.NetNS); got != sandboxID || n.net.interfaceAt(sandboxID) != c.VM.NetNS {
+		t.Fatalf("the pool VM's namespace has %q's interface, want the pod's (which is in %q)", got, n.net.interfaceAt(sandboxID))
 	}
 	if clones := n.cocoon.calls("VMClone"); len(clones) != 2 {
 		t.Errorf("clones %q: the pod must not clone", clones)
@@ -189,6 +189,9 @@ func TestWarmPoolMissesAndFallsBack(t *testing.T) {
 	}
 	if dir := n.cocoon.vmConfDir(c.VM.ID); dir != n.net.CocoonConfDir(sandboxID) {
 		t.Errorf("the fallback clone used --cni-conf-dir %q", dir)
+	}
+	if at := n.net.interfaceAt(sandboxID); at != c.VM.NetNS {
+		t.Errorf("after the fallback the pod interface is in %q, want the clone's %q", at, c.VM.NetNS)
 	}
 	if obs.fallbacks != 1 || obs.handOvers != 0 {
 		t.Errorf("metrics: fallbacks %d, hand-overs %d", obs.fallbacks, obs.handOvers)

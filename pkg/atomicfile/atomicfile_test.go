@@ -9,10 +9,16 @@ import (
 // Write creates and replaces a file with the mode asked for (whatever the umask), leaving no
 // temporary file beside it.
 func TestWriteReplacesWhole(t *testing.T) {
+	for name, write := range map[string]func(string, []byte, os.FileMode) error{"Write": Write, "Replace": Replace} {
+		t.Run(name, func(t *testing.T) { testReplacesWhole(t, write) })
+	}
+}
+
+func testReplacesWhole(t *testing.T, write func(string, []byte, os.FileMode) error) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "net.conflist")
 	for _, content := range []string{"first version, longer than the second", "second"} {
-		if err := Write(path, []byte(content), 0o640); err != nil {
+		if err := write(path, []byte(content), 0o640); err != nil {
 			t.Fatal(err)
 		}
 		data, err := os.ReadFile(path)

@@ -169,6 +169,9 @@ var crashScenarios = []crashScenario{
 	{"force-remove-running", snapRef, []crashStep{stepRunPod, stepCreate, stepStart, stepRmPF}},
 	{"force-remove-booted", cloudRef, []crashStep{stepRunPod, stepCreate, stepStart, stepRmPF}},
 	{"stop-pod-running", snapRef, []crashStep{stepRunPod, stepCreate, stepStart, stepStopP, stepRmP}},
+	// The kubelet's order when a pod goes: the container stops (its VM keeps the pod interface),
+	// the pod stops (the interface comes back for the CNI DEL), then garbage collection.
+	{"stop-then-stop-pod", snapRef, []crashStep{stepRunPod, stepCreate, stepStart, stepStop, stepStopP, stepRemove, stepRmP}},
 	// A container restarted by the kubelet: stop, a new container, start, then garbage collection.
 	{"restart", snapRef, []crashStep{stepRunPod, stepCreate, stepStart, stepStop, stepCreate, stepStart, stepStop, stepRemoveAll, stepStopP, stepRmP}},
 }
@@ -190,7 +193,7 @@ func backgroundPoint(name string) bool {
 }
 
 // TestCrashSafety kills cocoon-cri with SIGKILL at every point a pod's life passes (every store
-// write and cocoon call, before and after, and the named steps), in six pod lives, each on a node
+// write and cocoon call, before and after, and the named steps), in seven pod lives, each on a node
 // of its own and side by side. After each kill it restarts cocoon-cri, replays the kubelet's next
 // moves, and checks that the CRI view matches cocoon's records; at the end of each life nothing is
 // left: no VM, network namespace, veth, IP lease, CNI cache entry, record or open log file.

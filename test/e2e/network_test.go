@@ -348,16 +348,19 @@ func (n *node) leftovers() []string {
 }
 
 // TestManyPodsLeaveNoNetworkBehind creates and removes 20 pods: no namespace, veth, TAP, IP lease
-// or CNI cache entry survives.
+// or CNI cache entry survives. Some go the kubelet's way (the container stopped, then the pod):
+// the stopped VM keeps the pod interface, and the pod's CNI DEL must still find it and delete its
+// veth then, not only when the pod's namespace goes.
 func TestManyPodsLeaveNoNetworkBehind(t *testing.T) {
 	n := newNode(t)
 	n.withSnapshot()
 	// Ten at a time: ten VMs run together, then go.
 	for batch := range 2 {
-		var pods []string
+		var pods, ctrs []string
 		for i := range 10 {
-			podID, _, _ := n.runningPod(fmt.Sprintf("p%d-%d", batch, i), snapRef)
+			podID, ctrID, _ := n.runningPod(fmt.Sprintf("p%d-%d", batch, i), snapRef)
 			pods = append(pods, podID)
+			ctrs = append(ctrs, ctrID)
 		}
 		if got := len(n.vms()); got != 10 {
 			t.Fatalf("%d VMs running, want 10", got)
@@ -369,6 +372,14 @@ func TestManyPodsLeaveNoNetworkBehind(t *testing.T) {
 			t.Fatalf("crictl pods = %v, want %v", listed, pods)
 		}
 		for i, podID := range pods {
+			if i%4 == 1 {
+				before := len(n.nodeVeths())
+				n.mustCrictl("stop", "--timeout", "0", ctrs[i])
+				n.mustCrictl("stopp", podID)
+				if after := n.nodeVeths(); len(after) != before-1 {
+					t.Fatalf("the node has %d veths after the pod's stop, had %d: %v", len(after), before, after)
+				}
+			}
 			if i%2 == 0 {
 				n.mustCrictl("stopp", podID)
 			}
@@ -378,6 +389,22 @@ func TestManyPodsLeaveNoNetworkBehind(t *testing.T) {
 	if left := n.leftovers(); len(left) != 0 {
 		t.Fatalf("left behind: %v", left)
 	}
+}
+
+// nodeVeths are the node's ends of the pods' veths.
+func (n *node) nodeVeths() []string {
+	n.t.Helper()
+	var veths []string
+	n.inNode(func() error {
+		links, err := netlink.LinkList()
+		for _, l := range links {
+			if l.Type() == "veth" {
+				veths = append(veths, l.Attrs().Name)
+			}
+		}
+		return err
+	})
+	return veths
 }
 
 // TestCrashDuringRunPodSandboxLeaksNothing kills cocoon-cri at every point inside RunPodSandbox,
