@@ -33,19 +33,7 @@ func TestStoppedVMKeepsThePodInterface(t *testing.T) {
 	ctx := context.Background()
 	m := NewManager(Config{NetNSDir: n.nets.Dir, ConfDir: n.confDir, BinDirs: []string{debianPlugins}, StateDir: filepath.Join(n.dir, "state")})
 	pod := n.pod("db")
-	list, err := n.cni.Load("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var raw []byte
-	n.inNode(func() error {
-		result, err := n.cni.Add(ctx, list, pod)
-		if err != nil {
-			return err
-		}
-		raw, err = json.Marshal(result)
-		return err
-	})
+	list, raw, _ := n.add(ctx, pod)
 	if err := m.PrepareCocoon(pod.SandboxID, pod.NetNS, raw); err != nil {
 		t.Fatal(err)
 	}
