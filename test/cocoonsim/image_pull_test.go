@@ -120,3 +120,28 @@ func dockerConfig(t *testing.T, host, user, password string) string {
 	}
 	return "DOCKER_CONFIG=" + dir
 }
+
+// TestClonePullFetchesAMissingBase: vm clone --pull looks the snapshot's base image up by its
+// recorded digest and, missing, pulls the recorded reference pinned to that digest, as cocoon's
+// core.EnsureImage. A failed pull only warns, and the clone's check of the base files decides:
+// here they are installed, so the clone runs. Without --pull nothing is fetched.
+func TestClonePullFetchesAMissingBase(t *testing.T) {
+	s := newSim(t)
+	target := registry.StartInProcess(t, "", "")
+	opts := s.importSnapshot(testimage.SnapshotOptions{Name: "moved", Image: target.Host + "/vm/base:v1"})
+	snap := decode[cocoon.Snapshot](t, s.ok("snapshot", "inspect", "moved"))
+	pinned := target.Host + "/vm/base@" + snap.ImageDigest
+	if snap.Image != opts.Image || !strings.HasPrefix(snap.ImageDigest, "sha256:") {
+		t.Fatalf("snapshot records base %q at %q", snap.Image, snap.ImageDigest)
+	}
+
+	r := s.cocoon("vm", "clone", "--name", "pulled", "--pull", "moved")
+	log := stripANSI(r.stderr)
+	if r.code != 0 || !strings.Contains(log, "base image not found locally, pulling "+pinned) ||
+		!strings.Contains(log, "auto-pull "+pinned+" failed (imported image?): fetch image "+pinned) {
+		t.Fatalf("clone --pull of a snapshot whose base the registry lacks: exit %d\n%s", r.code, log)
+	}
+	if r := s.cocoon("vm", "clone", "--name", "plain", "moved"); r.code != 0 || strings.Contains(r.stderr, "pulling") {
+		t.Fatalf("clone without --pull: exit %d\n%s", r.code, stripANSI(r.stderr))
+	}
+}

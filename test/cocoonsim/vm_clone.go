@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/spf13/cobra"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
@@ -115,7 +116,7 @@ func (a *app) prepareClone(cmd *cobra.Command, snap *cocoon.SnapshotConfig, kind
 		spec.Name = "cocoon-clone-" + vmID[:8]
 	}
 	if pull, _ := cmd.Flags().GetBool("pull"); pull && spec.Image != "" && spec.ImageType != "" {
-		if err := a.ensureImage(cmd.Context(), spec); err != nil {
+		if err := a.ensureImage(cmd, spec); err != nil {
 			return nil, err
 		}
 	}
@@ -139,32 +140,62 @@ func (a *app) prepareClone(cmd *cobra.Command, snap *cocoon.SnapshotConfig, kind
 	return &clonePlan{spec: spec, vmID: vmID, provider: provider, nets: nets}, nil
 }
 
-var errPullNotSimulated = errors.New(`cocoon-sim: "image pull" is not simulated`)
-
-// ensureImage is clone --pull: a missing base image would be pulled by digest. The simulator
-// cannot pull, so like cocoon after a failed pull it warns and lets the clone go on (the base
-// file check decides).
-func (a *app) ensureImage(ctx context.Context, spec *vmSpec) error {
+// ensureImage is clone --pull, as cocoon's core.EnsureImage: a base image missing by its recorded
+// digest is pulled, an OCI image by that digest, a cloud image by its URL. A failed pull (an
+// imported image has nowhere to come from) only warns: the clone goes on and its check of the base
+// files decides.
+func (a *app) ensureImage(cmd *cobra.Command, spec *vmSpec) error {
 	oci, cloudimg, err := a.imageBackends()
 	if err != nil {
 		return fmt.Errorf("init image backends: %w", err)
 	}
-	ref := spec.ImageDigest
-	if ref == "" {
-		ref = spec.Image
+	ctx := cmd.Context()
+	lookup := spec.ImageDigest
+	if lookup == "" {
+		lookup = spec.Image
 	}
 	logger := a.log.with("core.EnsureImage")
 	for _, b := range []imageBackend{oci, cloudimg} {
 		if b.typ() != spec.ImageType {
 			continue
 		}
-		if img, err := b.inspect(ctx, ref); err == nil && img != nil {
+		img, err := b.inspect(ctx, lookup)
+		if err != nil {
+			logger.Warnf("inspect image %s: %v — will attempt pull", lookup, err)
+		}
+		if img != nil {
 			return nil
 		}
-		logger.Infof("base image not found locally, pulling %s ...", spec.Image)
-		logger.Warnf("auto-pull %s failed (imported image?): %v — clone may fail if base layers are missing", spec.Image, errPullNotSimulated)
+		ref := digestPullRef(spec.Image, spec.ImageDigest, spec.ImageType)
+		logger.Infof("base image not found locally, pulling %s ...", ref)
+		if spec.ImageType == cocoon.ImageTypeOCI {
+			err = a.pullOCI(ctx, oci, ref)
+		} else if strings.HasPrefix(ref, "http://") || strings.HasPrefix(ref, "https://") {
+			err = a.pullCloudimg(cmd, cloudimg, ref, false)
+		} else {
+			err = fmt.Errorf("cloudimg pull %q: not an http(s) URL", ref)
+		}
+		if err != nil {
+			logger.Warnf("auto-pull %s failed (imported image?): %v — clone may fail if base layers are missing", ref, err)
+			return nil
+		}
+		logger.Infof("base image %s pulled successfully", ref)
+		return nil
 	}
 	return nil
+}
+
+// digestPullRef pins an OCI reference to the recorded digest (registry/repo@sha256:…); a cloud
+// image URL cannot be pinned and is pulled as it is.
+func digestPullRef(image, digest, imageType string) string {
+	if digest == "" || imageType != cocoon.ImageTypeOCI {
+		return image
+	}
+	ref, err := name.ParseReference(image)
+	if err != nil {
+		return image
+	}
+	return ref.Context().String() + "@" + digest
 }
 
 // directClone reserves the record, copies the snapshot files into the new run dir and starts the
