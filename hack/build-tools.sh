@@ -3,7 +3,7 @@
 # test/tools/kubelet (a module of its own: k8s.io/kubernetes pins its staging modules with replace
 # directives that crictl's module must not inherit), containerd with its runc shim and ctr from
 # test/tools/containerd (the passthrough runtime of the tests), and the control plane of
-# hack/cluster.sh: kube-apiserver, kube-controller-manager, kube-scheduler and kubectl from
+# hack/cluster.sh: kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy and kubectl from
 # test/tools/kubelet, etcd from test/tools/etcd.
 # With arguments, only the tools named.
 # A stamp per binary records the version it was built from, so a repeat run is a no-op.
@@ -70,7 +70,7 @@ for tool in "${tools[@]}"; do
       if [ "$tool" = kubelet ]; then
         build kubelet "$v" test/tools/kubelet k8s.io/kubernetes/cmd/kubelet build -ldflags "$ld"
       else
-        for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+        for cmd in kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubectl; do
           build "$cmd" "$v" test/tools/kubelet "k8s.io/kubernetes/cmd/$cmd" build -ldflags "$ld"
         done
         v=$(pinned test/tools/etcd go.etcd.io/etcd/server/v3)

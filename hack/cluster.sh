@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
-# hack/cluster.sh up|down: a one-node Kubernetes on this machine, to try cocoon-cri with kubectl.
+# hack/cluster.sh up [--nodes N] | down: a Kubernetes of N nodes (1 to 3, default 1) on this
+# machine, to try cocoon-cri with kubectl.
 #
 # up builds what it needs (make setup build tools; the first time takes a while) and starts, in
-# private network namespaces with every file under one directory: cocoon-cri on the cocoon
-# simulator with containerd beside it through passthrough, a CNI bridge, etcd, kube-apiserver,
-# kube-controller-manager, kube-scheduler and the kubelet (node cocoon-node). It applies
-# deploy/runtimeclass.yaml, imports two VM images (cocoon.local/agent-sandbox:v1, a busybox guest
-# serving HTTP on port 80; cocoon.local/crashing:v1, whose VM crashes 10 s after it starts) and
-# prints the environment for kubectl and crictl. down stops everything and removes it.
+# private network namespaces with every file under one directory, on every node: cocoon-cri on the
+# cocoon simulator with containerd beside it through passthrough, a CNI bridge with the node's pod
+# subnet (10.88.<i>.0/24), the kubelet (cocoon-node, cocoon-node-2, cocoon-node-3) and kube-proxy;
+# on the first node etcd, kube-apiserver, kube-controller-manager and kube-scheduler. The nodes
+# share one network (10.89.0.0/24) with routes to each other's pod subnets, and a registry on it
+# (10.89.0.1:5000, plain HTTP) that every node pulls from. It applies deploy/runtimeclass.yaml,
+# imports two VM images on every node (cocoon.local/agent-sandbox:v1, a busybox guest serving HTTP
+# on port 80; cocoon.local/crashing:v1, whose VM crashes 10 s after it starts) and prints the
+# environment for kubectl, crictl (the first node) and the registry. down stops everything and
+# removes it.
 #
-# One cluster at a time: it links the node's namespace to the host with 10.89.255.1/30, where
-# kubectl reaches the API server. COCOON_CLUSTER_DIR is where it lives (/tmp/cocoon-cluster).
+# One cluster at a time: it links the first node's namespace to the host with 10.89.255.1/30,
+# where kubectl reaches the API server, and routes the nodes' network through it.
+# COCOON_CLUSTER_DIR is where it lives (/tmp/cocoon-cluster).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${COCOON_CLUSTER_DIR:-/tmp/cocoon-cluster}
@@ -20,6 +26,18 @@ export COCOON_CRI_BIN=$bin
 running() { [ -f "$dir/pid" ] && kill -0 "$(cat "$dir/pid")" 2>/dev/null; }
 
 up() {
+  nodes=1
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --nodes) nodes=${2:-}; shift 2 || { usage; exit 2; } ;;
+      --nodes=*) nodes=${1#--nodes=}; shift ;;
+      *) usage; exit 2 ;;
+    esac
+  done
+  case $nodes in
+    1|2|3) ;;
+    *) echo "cluster.sh: --nodes $nodes: a cluster has 1 to 3 nodes" >&2; exit 2 ;;
+  esac
   if running; then
     echo "cluster.sh: a cluster is up already in $dir: hack/cluster.sh down first" >&2
     exit 1
@@ -35,7 +53,7 @@ up() {
   fi
   # The cluster is the end-to-end tests' node and control plane, served until SIGTERM; a session
   # of its own, so the terminal's ^C does not reach it.
-  COCOON_CLUSTER_SERVE_DIR=$dir setsid "$server" -test.run '^TestServeCluster$' -test.v -test.timeout 0 \
+  COCOON_CLUSTER_SERVE_DIR=$dir COCOON_CLUSTER_NODES=$nodes setsid "$server" -test.run '^TestServeCluster$' -test.v -test.timeout 0 \
     </dev/null >"$dir/cluster.log" 2>&1 &
   echo $! >"$dir/pid"
   for _ in $(seq 600); do
@@ -53,7 +71,7 @@ up() {
   fi
   cat "$dir/env"
   cat >&2 <<TXT
-# kubectl is $bin/kubectl. A VM pod:
+# kubectl is $bin/kubectl; crictl's endpoint is the first node's. A VM pod:
 #   $bin/kubectl run vm --image cocoon.local/agent-sandbox:v1 --image-pull-policy Never \\
 #     --overrides '{"spec": {"runtimeClassName": "cocoon"}}'
 # cocoon-cri's log: $(sed -n 's/^log=//p' "$dir/node"); hack/cluster.sh down removes it all.
@@ -74,11 +92,13 @@ down() {
   rm -rf "$dir"
 }
 
+usage() { echo "usage: hack/cluster.sh up [--nodes 1|2|3] | down" >&2; }
+
 case ${1:-} in
-  up) up ;;
+  up) shift; up "$@" ;;
   down) down ;;
   *)
-    echo "usage: hack/cluster.sh up|down" >&2
+    usage
     exit 2
     ;;
 esac

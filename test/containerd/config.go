@@ -44,6 +44,9 @@ temp = %[3]q
 [plugins.'io.containerd.cri.v1.images']
   snapshotter = "overlayfs"
 
+[plugins.'io.containerd.cri.v1.images'.registry]
+  config_path = %[12]q
+
 [plugins.'io.containerd.cri.v1.images'.pinned_images]
   sandbox = %[7]q
 
@@ -68,5 +71,11 @@ temp = %[3]q
   Root = %[10]q
   SystemdCgroup = %[11]t
 `, dir("root"), dir("state"), dir("tmp"), filepath.Join(o.Dir, "containerd.sock"), filepath.Join(o.Dir, "containerd.sock.ttrpc"),
-		dir("opt"), PauseImage, strings.Join(binDirs, ", "), o.CNIConfDir, dir("runc"), o.SystemdCgroup)
+		dir("opt"), PauseImage, strings.Join(binDirs, ", "), o.CNIConfDir, dir("runc"), o.SystemdCgroup, dir("certs.d"))
+}
+
+// hostsTOML is a registry's hosts.toml (under config_path/<host:port>/) that has containerd pull
+// from it over plain HTTP.
+func hostsTOML(hostport string) string {
+	return fmt.Sprintf("server = %[1]q\n\n[host.%[1]q]\n  capabilities = [\"pull\", \"resolve\"]\n", "http://"+hostport)
 }

@@ -46,6 +46,9 @@ type Options struct {
 	// BinDir holds containerd, containerd-shim-runc-v2 and ctr (make tools builds them); empty is
 	// $COCOON_CRI_BIN or the module's bin/.
 	BinDir string
+	// PlainHTTPRegistries (host:port) are pulled from over plain HTTP, as a cluster's own
+	// registry is.
+	PlainHTTPRegistries []string
 	// SystemdCgroup configures runc with the systemd cgroup driver, as on a kubeadm node. No pod
 	// starts then without systemd; containerd itself does, and reports the driver.
 	SystemdCgroup bool
@@ -91,6 +94,15 @@ func Start(t testing.TB, opts Options) *Daemon {
 	t.Cleanup(d.cleanup)
 	if err := os.WriteFile(d.config, []byte(configTOML(opts)), 0o644); err != nil {
 		t.Fatal(err)
+	}
+	for _, host := range opts.PlainHTTPRegistries {
+		hostDir := filepath.Join(opts.Dir, "certs.d", host)
+		if err := os.MkdirAll(hostDir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(hostDir, "hosts.toml"), []byte(hostsTOML(host)), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 	d.launch()
 	d.importImages()
@@ -194,6 +206,14 @@ func (d *Daemon) withCRI(timeout time.Duration, fn func(context.Context, runtime
 }
 
 // ctr runs containerd's own client against the daemon, in the CRI's namespace.
+// Tag gives an image the daemon has one more reference, as `ctr images tag` does.
+func (d *Daemon) Tag(source, target string) {
+	d.t.Helper()
+	if err := d.ctr("images", "tag", source, target); err != nil {
+		d.t.Fatalf("containerdtest: %v", err)
+	}
+}
+
 func (d *Daemon) ctr(args ...string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

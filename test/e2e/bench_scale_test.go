@@ -132,7 +132,7 @@ func TestBenchmarkScale(t *testing.T) {
 		extra = []string{"--metrics-addr", "127.0.0.1:0", "--profiling"}
 	}
 	n := prepareNode(t, []string{guest.FixedLatencyEnv + "=1ms"}, extra...)
-	n.writeNetworkConfig(scaleSubnet) // both runtimes' pods draw from the node's one address pool
+	n.writeNetworkConfig(scaleSubnet, nodeGateway) // both runtimes' pods draw from the node's one address pool
 	ctrd := containerdtest.Start(t, containerdtest.Options{
 		Dir: filepath.Join(n.dir, "containerd"), NetNS: n.nodeNS, CNIConfDir: n.cniConf, CNIBinDirs: []string{"/usr/lib/cni"},
 	})

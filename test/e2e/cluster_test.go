@@ -14,17 +14,21 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
+	"github.com/cocoonstack/cocoon-cri/tapmanager"
+	"github.com/cocoonstack/cocoon-cri/test/registry"
 	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
-// The link between the host and a cluster node's namespace: kubectl on the host reaches the API
-// server at the node's address, as a user's kubectl reaches a node. Nothing else is routed over
-// it, and one cluster runs at a time.
+// The link between the host and the first node's namespace: kubectl on the host reaches the API
+// server at that node's address, as a user's kubectl reaches a node, and the host reaches the
+// cluster's registry through it. One cluster runs at a time.
 const (
 	clusterHostIP   = "10.89.255.1"
 	clusterNodeIP   = "10.89.255.2"
@@ -32,45 +36,111 @@ const (
 	clusterHostLink = "ccri-cluster"
 	clusterNodeLink = "eth0"
 	apiServerPort   = "6443"
-	// clusterServiceRange holds the kubernetes Service's address; nothing routes it, no pod here
-	// needs the API server.
+	// clusterServiceRange is where Services get their cluster IPs; kube-proxy on every node
+	// forwards them to their pods.
 	clusterServiceRange = "10.96.0.0/24"
+	// clusterPodRange holds every node's pod subnet (10.88.<node index>.0/24).
+	clusterPodRange = "10.88.0.0/16"
 	// cocoonNodeLabel is what deploy/runtimeclass.yaml schedules cocoon pods onto.
 	cocoonNodeLabel = "cocoonstack.io/runtime=cocoon-cri"
 )
 
-// cluster is a one-node Kubernetes in a node's namespace: etcd, kube-apiserver,
-// kube-controller-manager and kube-scheduler, and the node's kubelet registered with them. Every
-// process is stopped by PID when the test ends, in the reverse order of its start.
-type cluster struct {
-	n   *node
-	dir string
-	// kubeconfig is the administrator's, for kubectl on the host.
-	kubeconfig string
+// The "physical" network joining the nodes: a bridge in a namespace of its own, with an address
+// of its own on which the cluster's registry listens, and each node's eth1 on it. Pods reach pods
+// of other nodes by pod IP through routes to each node's pod subnet: no overlay.
+const (
+	fabricRange = "10.89.0.0/24"
+	fabricIP    = "10.89.0.1"
+	// clusterRegistry is the registry's address on the fabric, reached over plain HTTP.
+	clusterRegistry = fabricIP + ":5000"
+	fabricBits      = 24
+	fabricBridge    = "fabric0"
+	fabricNodeLink  = "eth1"
+	// maxClusterNodes is what hack/cluster.sh up --nodes takes.
+	maxClusterNodes = 3
+)
+
+// clusterNode is one node of a cluster: a cocoon-cri (started) with containerd beside it, in its
+// own network namespace, and the kubelet registered for it.
+type clusterNode struct {
+	n    *node
+	name string
+	// index is the node's place in the cluster: 0 holds the control plane.
+	index int
+	// cgroupRoot is where its kubelet makes pod cgroups (testCgroupParent).
+	cgroupRoot string
 	kubelet    *kubelet
 }
 
-// startCluster brings the control plane up beside the node's cocoon-cri (already started) and
-// waits until the node is Ready, the cocoon RuntimeClass exists and the default namespace has its
-// service account. The kubelet makes its pods' cgroups under cgroupRoot (testCgroupParent).
-func (n *node) startCluster(cgroupRoot string) *cluster {
+// nodeName is the kubelet's name of the node at index: the first is the one-node cluster's.
+func nodeName(index int) string {
+	if index == 0 {
+		return kubeletNodeName
+	}
+	return fmt.Sprintf("%s-%d", kubeletNodeName, index+1)
+}
+
+// podNetwork is the pod subnet of the node at index and its gateway, on the node's bridge.
+func podNetwork(index int) (subnet, gateway string) {
+	return fmt.Sprintf("10.88.%d.0/24", index), fmt.Sprintf("10.88.%d.1", index)
+}
+
+// fabricAddress is the node at index's address on the fabric.
+func fabricAddress(index int) string { return fmt.Sprintf("10.89.0.%d", 11+index) }
+
+// ip is the address the node registers with (its InternalIP): the API server and the other nodes
+// reach its kubelet there.
+func (cn *clusterNode) ip() string {
+	if cn.index == 0 {
+		return clusterNodeIP
+	}
+	return fabricAddress(cn.index)
+}
+
+// cluster is a Kubernetes of one to three nodes: etcd, kube-apiserver, kube-controller-manager and
+// kube-scheduler in the first node's namespace, and on every node a kubelet and kube-proxy. A
+// registry on the fabric serves every node. Every process is stopped by PID when the test ends, in
+// the reverse order of its start.
+type cluster struct {
+	n   *node // the first node's
+	dir string
+	// kubeconfig is the administrator's, for kubectl on the host.
+	kubeconfig string
+	kubelet    *kubelet // the first node's
+	nodes      []*clusterNode
+	fabric     string // the fabric's namespace
+	registry   *registry.Server
+}
+
+// startCluster brings the control plane up beside the nodes' cocoon-cri (already started), then a
+// kubelet and kube-proxy on each, and waits until every node is Ready, the cocoon RuntimeClass
+// exists and the default namespace has its service account.
+func startCluster(nodes []*clusterNode) *cluster {
+	n := nodes[0].n
 	n.t.Helper()
-	c := &cluster{n: n, dir: filepath.Join(n.dir, "cluster")}
+	c := &cluster{n: n, dir: filepath.Join(n.dir, "cluster"), nodes: nodes}
 	if err := os.MkdirAll(c.dir, 0o700); err != nil {
 		n.t.Fatal(err)
 	}
 	c.linkHost()
-	pki := c.writePKI()
+	c.joinFabric()
+	c.registry = registry.Start(n.t, registry.Options{NetNS: c.fabric, Addr: clusterRegistry})
+	names := make([]string, len(nodes))
+	for i, cn := range nodes {
+		names[i] = cn.name
+	}
+	pki := c.writePKI(names)
 	c.kubeconfig = c.writeKubeconfig("admin", "https://"+net.JoinHostPort(clusterNodeIP, apiServerPort), pki.ca, pki.tokens["admin"])
 	inNode := "https://" + net.JoinHostPort("127.0.0.1", apiServerPort)
+	onFabric := "https://" + net.JoinHostPort(fabricAddress(0), apiServerPort)
 
-	c.run("etcd", bins.etcd, "--name", "node", "--data-dir", filepath.Join(c.dir, "etcd"),
+	c.run(n, "etcd", bins.etcd, "--name", "node", "--data-dir", filepath.Join(c.dir, "etcd"),
 		"--listen-client-urls", "http://127.0.0.1:2379", "--advertise-client-urls", "http://127.0.0.1:2379",
 		"--listen-peer-urls", "http://127.0.0.1:2380", "--initial-advertise-peer-urls", "http://127.0.0.1:2380",
 		"--initial-cluster", "node=http://127.0.0.1:2380", "--listen-metrics-urls", "http://127.0.0.1:2381")
 	c.waitFor("etcd's health", func() error { return httpOK(n, "http://127.0.0.1:2381/health") })
 
-	c.run("kube-apiserver", bins.kubeAPIServer, "--etcd-servers", "http://127.0.0.1:2379",
+	c.run(n, "kube-apiserver", bins.kubeAPIServer, "--etcd-servers", "http://127.0.0.1:2379",
 		"--bind-address", "0.0.0.0", "--secure-port", apiServerPort, "--advertise-address", clusterNodeIP,
 		"--tls-cert-file", pki.serverCert, "--tls-private-key-file", pki.serverKey, "--client-ca-file", pki.caFile,
 		"--token-auth-file", pki.tokenFile, "--authorization-mode", "Node,RBAC",
@@ -81,17 +151,26 @@ func (n *node) startCluster(cgroupRoot string) *cluster {
 	c.waitFor("the API server's readiness", func() error { return httpOK(n, inNode+"/readyz") })
 
 	controllers := c.writeKubeconfig("controller-manager", inNode, pki.ca, pki.tokens["controller-manager"])
-	c.run("kube-controller-manager", bins.kubeControllerManager, "--kubeconfig", controllers,
+	c.run(n, "kube-controller-manager", bins.kubeControllerManager, "--kubeconfig", controllers,
 		"--service-account-private-key-file", pki.saKey, "--root-ca-file", pki.caFile,
 		"--leader-elect=false", "--bind-address", "127.0.0.1", "--profiling=false")
 	scheduler := c.writeKubeconfig("scheduler", inNode, pki.ca, pki.tokens["scheduler"])
-	c.run("kube-scheduler", bins.kubeScheduler, "--kubeconfig", scheduler,
+	c.run(n, "kube-scheduler", bins.kubeScheduler, "--kubeconfig", scheduler,
 		"--leader-elect=false", "--bind-address", "127.0.0.1", "--profiling=false")
 
-	c.kubelet = n.startKubeletWith(kubeletOptions{
-		kubeconfig: c.writeKubeconfig("kubelet", inNode, pki.ca, pki.tokens["kubelet"]),
-		nodeIP:     clusterNodeIP, labels: cocoonNodeLabel, cgroupRoot: cgroupRoot,
-	})
+	for _, cn := range nodes {
+		server := onFabric
+		if cn.index == 0 {
+			server = inNode
+		}
+		cn.kubelet = cn.n.startKubeletWith(kubeletOptions{
+			name:       cn.name,
+			kubeconfig: c.writeKubeconfig("kubelet-"+cn.name, server, pki.ca, pki.tokens["kubelet-"+cn.name]),
+			nodeIP:     cn.ip(), labels: cocoonNodeLabel, cgroupRoot: cn.cgroupRoot,
+		})
+		c.startKubeProxy(cn, c.writeKubeconfig("kube-proxy-"+cn.name, server, pki.ca, pki.tokens["kube-proxy"]))
+	}
+	c.kubelet = nodes[0].kubelet
 	root, err := repoRoot()
 	if err != nil {
 		n.t.Fatal(err)
@@ -100,13 +179,15 @@ func (n *node) startCluster(cgroupRoot string) *cluster {
 		_, err := c.kubectl("apply", "-f", filepath.Join(root, "deploy", "runtimeclass.yaml"))
 		return err
 	})
-	c.waitFor("the node Ready", func() error {
-		out, err := c.kubectl("get", "node", kubeletNodeName, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
-		if err == nil && out != "True" {
-			err = fmt.Errorf("Ready is %q", out)
-		}
-		return err
-	})
+	for _, cn := range nodes {
+		c.waitFor(cn.name+" Ready", func() error {
+			out, err := c.kubectl("get", "node", cn.name, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
+			if err == nil && out != "True" {
+				err = fmt.Errorf("Ready is %q", out)
+			}
+			return err
+		})
+	}
 	c.waitFor("the default service account", func() error {
 		_, err := c.kubectl("get", "serviceaccount", "default")
 		return err
@@ -114,7 +195,30 @@ func (n *node) startCluster(cgroupRoot string) *cluster {
 	return c
 }
 
-// linkHost connects the node's namespace to the host with a veth pair of its own addresses.
+// startKubeProxy runs kube-proxy in iptables mode in the node's namespace. Its conntrack settings
+// are left alone: they are the host's, not the namespace's.
+func (c *cluster) startKubeProxy(cn *clusterNode, kubeconfig string) {
+	cn.n.t.Helper()
+	config := filepath.Join(c.dir, "kube-proxy-"+cn.name+".yaml")
+	data := fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {kubeconfig: %q}
+hostnameOverride: %q
+mode: iptables
+clusterCIDR: %q
+metricsBindAddress: 127.0.0.1:10249
+healthzBindAddress: 127.0.0.1:10256
+conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
+`, kubeconfig, cn.name, clusterPodRange)
+	if err := os.WriteFile(config, []byte(data), 0o600); err != nil {
+		cn.n.t.Fatal(err)
+	}
+	c.run(cn.n, "kube-proxy-"+cn.name, bins.kubeProxy, "--config", config)
+	c.waitFor("kube-proxy's health on "+cn.name, func() error { return httpOK(cn.n, "http://127.0.0.1:10256/livez") })
+}
+
+// linkHost connects the first node's namespace to the host with a veth pair of its own
+// addresses, and routes the fabric through it.
 func (c *cluster) linkHost() {
 	t := c.n.t
 	t.Helper()
@@ -122,8 +226,9 @@ func (c *cluster) linkHost() {
 	if err != nil {
 		t.Fatal(err)
 	}
+	_, fabric, _ := net.ParseCIDR(fabricRange)
 	for _, r := range routes {
-		if ones, _ := r.Dst.Mask.Size(); r.Dst != nil && ones > 0 && r.Dst.Contains(net.ParseIP(clusterNodeIP)) {
+		if ones, _ := r.Dst.Mask.Size(); r.Dst != nil && ones > 0 && (r.Dst.Contains(net.ParseIP(clusterNodeIP)) || r.Dst.Contains(fabric.IP) || fabric.Contains(r.Dst.IP)) {
 			t.Fatalf("the host already routes %s (%s): the cluster's link would shadow it", r.Dst, r)
 		}
 	}
@@ -138,29 +243,132 @@ func (c *cluster) linkHost() {
 	if err := netlink.LinkAdd(veth); err != nil {
 		t.Fatalf("the cluster's host link %s: %v (is a cluster up already? hack/cluster.sh down)", clusterHostLink, err)
 	}
+	// The host's route to the fabric goes with the link.
 	t.Cleanup(func() {
 		if link, err := netlink.LinkByName(clusterHostLink); err == nil {
 			_ = netlink.LinkDel(link)
 		}
 	})
-	setUp := func(name, ip string) error {
-		link, err := netlink.LinkByName(name)
-		if err != nil {
-			return err
-		}
-		addr, err := netlink.ParseAddr(fmt.Sprintf("%s/%d", ip, clusterLinkBits))
-		if err != nil {
-			return err
-		}
-		if err := netlink.AddrAdd(link, addr); err != nil {
-			return fmt.Errorf("address %s on %s: %w", addr, name, err)
-		}
-		return netlink.LinkSetUp(link)
-	}
-	if err := setUp(clusterHostLink, clusterHostIP); err != nil {
+	if err := addressUp(clusterHostLink, clusterHostIP, clusterLinkBits); err != nil {
 		t.Fatal(err)
 	}
-	c.n.inNode(func() error { return setUp(clusterNodeLink, clusterNodeIP) })
+	c.n.inNode(func() error { return addressUp(clusterNodeLink, clusterNodeIP, clusterLinkBits) })
+	if err := addRoute(fabricRange, clusterNodeIP); err != nil {
+		t.Fatalf("the host's route to the fabric: %v", err)
+	}
+}
+
+// joinFabric makes the fabric's namespace and bridge, puts every node on it, and routes each
+// node's pod subnet to it from the others.
+func (c *cluster) joinFabric() {
+	t := c.n.t
+	t.Helper()
+	c.fabric = filepath.Join(c.dir, "fabric.netns")
+	if err := (&tapmanager.NetNS{}).CreateNetNS(c.fabric); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := (&tapmanager.NetNS{}).RemoveNetNS(c.fabric); err != nil {
+			t.Errorf("remove the fabric's namespace: %v", err)
+		}
+	})
+	inFabric := func(fn func() error) {
+		t.Helper()
+		if err := ns.WithNetNSPath(c.fabric, func(ns.NetNS) error { return fn() }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inFabric(func() error {
+		if err := setLinkUp("lo"); err != nil {
+			return err
+		}
+		if err := netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: fabricBridge}}); err != nil {
+			return fmt.Errorf("the fabric's bridge: %w", err)
+		}
+		// The host's traffic to the registry comes through the first node.
+		if err := addressUp(fabricBridge, fabricIP, fabricBits); err != nil {
+			return err
+		}
+		return addRoute(fmt.Sprintf("%s/%d", clusterHostIP, clusterLinkBits), fabricAddress(0))
+	})
+	fabricNS, err := os.Open(c.fabric)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fabricNS.Close()
+	for _, cn := range c.nodes {
+		port := "fabric-" + strconv.Itoa(cn.index)
+		cn.n.inNode(func() error {
+			veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: fabricNodeLink}, PeerName: port,
+				PeerNamespace: netlink.NsFd(int(fabricNS.Fd()))}
+			if err := netlink.LinkAdd(veth); err != nil {
+				return fmt.Errorf("%s's link to the fabric: %w", cn.name, err)
+			}
+			if err := addressUp(fabricNodeLink, fabricAddress(cn.index), fabricBits); err != nil {
+				return err
+			}
+			// The node forwards: pods to other nodes' pods, the host to the fabric.
+			if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
+				return err
+			}
+			for _, other := range c.nodes {
+				if other != cn {
+					subnet, _ := podNetwork(other.index)
+					if err := addRoute(subnet, fabricAddress(other.index)); err != nil {
+						return fmt.Errorf("%s's route to %s's pods: %w", cn.name, other.name, err)
+					}
+				}
+			}
+			return nil
+		})
+		inFabric(func() error {
+			bridge, err := netlink.LinkByName(fabricBridge)
+			if err != nil {
+				return err
+			}
+			link, err := netlink.LinkByName(port)
+			if err != nil {
+				return err
+			}
+			if err := netlink.LinkSetMaster(link, bridge); err != nil {
+				return err
+			}
+			return netlink.LinkSetUp(link)
+		})
+	}
+}
+
+// addressUp gives the link name ip/bits and sets it up.
+func addressUp(name, ip string, bits int) error {
+	link, err := netlink.LinkByName(name)
+	if err != nil {
+		return err
+	}
+	addr, err := netlink.ParseAddr(fmt.Sprintf("%s/%d", ip, bits))
+	if err != nil {
+		return err
+	}
+	if err := netlink.AddrAdd(link, addr); err != nil {
+		return fmt.Errorf("address %s on %s: %w", addr, name, err)
+	}
+	return netlink.LinkSetUp(link)
+}
+
+func setLinkUp(name string) error {
+	link, err := netlink.LinkByName(name)
+	if err != nil {
+		return err
+	}
+	return netlink.LinkSetUp(link)
+}
+
+// addRoute routes dst (a CIDR) via gateway.
+func addRoute(dst, gateway string) error {
+	_, cidr, err := net.ParseCIDR(dst)
+	if err != nil {
+		return err
+	}
+	return netlink.RouteAdd(&netlink.Route{Dst: cidr, Gw: net.ParseIP(gateway)})
 }
 
 // clusterPKI are the files the control plane authenticates with: a CA and the API server's
@@ -171,10 +379,11 @@ type clusterPKI struct {
 	serverCert, serverKey string
 	saKey                 string
 	tokenFile             string
-	tokens                map[string]string // by identity: admin, kubelet, controller-manager, scheduler
+	tokens                map[string]string // by identity: admin, controller-manager, scheduler, kube-proxy, kubelet-<node>
 }
 
-func (c *cluster) writePKI() clusterPKI {
+// writePKI writes the cluster's credentials; nodes are the kubelets' node names.
+func (c *cluster) writePKI(nodes []string) clusterPKI {
 	t := c.n.t
 	t.Helper()
 	newKey := func() *ecdsa.PrivateKey {
@@ -219,7 +428,7 @@ func (c *cluster) writePKI() clusterPKI {
 		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(7 * 24 * time.Hour),
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		DNSNames:    []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"},
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP(clusterNodeIP), net.ParseIP("10.96.0.1")},
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP(clusterNodeIP), net.ParseIP(fabricAddress(0)), net.ParseIP("10.96.0.1")},
 	}, ca, serverKey.Public(), caKey)
 	if err != nil {
 		t.Fatal(err)
@@ -232,13 +441,17 @@ func (c *cluster) writePKI() clusterPKI {
 		saKey:      writeKey("service-accounts.key", newKey()),
 		tokens:     map[string]string{},
 	}
-	// The control plane's own components act as administrators; the kubelet is a node, which the
-	// Node authorizer confines to its own pods.
+	// The control plane's own components act as administrators; a kubelet is a node, which the
+	// Node authorizer confines to its own pods; kube-proxy gets the bootstrap role bound to its
+	// user, system:node-proxier.
 	identities := []struct{ name, user, groups string }{
 		{"admin", "admin", "system:masters"},
 		{"controller-manager", "system:kube-controller-manager", "system:masters"},
 		{"scheduler", "system:kube-scheduler", "system:masters"},
-		{"kubelet", "system:node:" + kubeletNodeName, "system:nodes"},
+		{"kube-proxy", "system:kube-proxy", ""},
+	}
+	for _, name := range nodes {
+		identities = append(identities, struct{ name, user, groups string }{"kubelet-" + name, "system:node:" + name, "system:nodes"})
 	}
 	var csv strings.Builder
 	for _, id := range identities {
@@ -279,9 +492,9 @@ current-context: cocoon
 	return path
 }
 
-// run starts a control-plane process in the node's namespace, logging to <name>.log; it is stopped
-// when the test ends, and its log's tail shown if the test failed.
-func (c *cluster) run(name, binary string, args ...string) *testproc.Process {
+// run starts a cluster process in node's namespace, logging to <name>.log; it is stopped when the
+// test ends, and its log's tail shown if the test failed.
+func (c *cluster) run(node *node, name, binary string, args ...string) *testproc.Process {
 	t := c.n.t
 	t.Helper()
 	logPath := filepath.Join(c.dir, name+".log")
@@ -290,7 +503,7 @@ func (c *cluster) run(name, binary string, args ...string) *testproc.Process {
 		t.Fatal(err)
 	}
 	defer logFile.Close()
-	cmd := exec.Command("nsenter", append([]string{"--net=" + c.n.nodeNS, "--", binary}, args...)...)
+	cmd := exec.Command("nsenter", append([]string{"--net=" + node.nodeNS, "--", binary}, args...)...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	proc, err := testproc.Start(cmd)
 	if err != nil {

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
 	containerdtest "github.com/cocoonstack/cocoon-cri/test/containerd"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
@@ -29,31 +31,58 @@ import (
 // TestServeCluster serves only then.
 const clusterDirEnv = "COCOON_CLUSTER_SERVE_DIR"
 
-// The VM images every cluster has.
+// The images every node of a cluster has: two VM images, and busybox for ordinary pods.
 const (
-	clusterWebImage   = "cocoon.local/agent-sandbox:v1"
-	clusterCrashImage = "cocoon.local/crashing:v1"
+	clusterWebImage     = "cocoon.local/agent-sandbox:v1"
+	clusterCrashImage   = "cocoon.local/crashing:v1"
+	clusterBusyboxImage = "cocoon.local/busybox:v1"
 )
 
 // clusterPoolSize is the warm pool of clusterWebImage every cluster keeps (docs/warm-pool.md).
 const clusterPoolSize = 5
 
-// TestServeCluster is what hack/cluster.sh up runs: a node (cocoon-cri on the simulator,
-// containerd through passthrough) with the control plane, served until SIGTERM. It writes
-// <dir>/env (the exports for kubectl and crictl) and <dir>/node (where the node keeps its files)
-// once everything is up; when it ends, everything goes, as after every test.
+// clusterNodesEnv is the number of nodes hack/cluster.sh up --nodes asks for (1 without it).
+const clusterNodesEnv = "COCOON_CLUSTER_NODES"
+
+// TestServeCluster is what hack/cluster.sh up runs: one to three nodes (cocoon-cri on the
+// simulator, containerd through passthrough, a kubelet and kube-proxy each) with the control plane
+// and a registry, served until SIGTERM. It writes <dir>/env (the exports for kubectl, crictl and
+// the registry) and <dir>/node, <dir>/node-2 … (where each node keeps its files) once everything
+// is up; when it ends, everything goes, as after every test.
 func TestServeCluster(t *testing.T) {
 	dir := os.Getenv(clusterDirEnv)
 	if dir == "" {
 		t.Skip("hack/cluster.sh up runs this")
 	}
-	cgroupRoot := testCgroupParent(t) // removed after the node, registered before it
-	makeCgroup(t, cgroupRoot)
-	n, ctrd := newPassthroughNode(t, containerdtest.Options{}, "--warm-pool", fmt.Sprintf("%s=%d", clusterWebImage, clusterPoolSize))
-	n.start()
-	c := n.startCluster(cgroupRoot)
-	n.importImage(clusterWebImage, n.snapshotImage("web", testimage.SnapshotOptions{Guest: guest.Spec{Busybox: true, HTTPPort: 80}}))
-	n.importImage(clusterCrashImage, n.snapshotImage("crash", testimage.SnapshotOptions{Guest: guest.Spec{CrashAfter: guest.Duration(10 * time.Second)}}))
+	count := 1
+	if v := os.Getenv(clusterNodesEnv); v != "" {
+		var err error
+		if count, err = strconv.Atoi(v); err != nil || count < 1 || count > maxClusterNodes {
+			t.Fatalf("%s=%q: want 1 to %d nodes", clusterNodesEnv, v, maxClusterNodes)
+		}
+	}
+	nodes := make([]*clusterNode, count)
+	daemons := make([]*containerdtest.Daemon, count)
+	for i := range nodes {
+		cn := &clusterNode{index: i, name: nodeName(i), cgroupRoot: testCgroupParent(t)} // removed after the node, registered before it
+		makeCgroup(t, cn.cgroupRoot)
+		extra := []string{"--registry-insecure", clusterRegistry}
+		if i == 0 {
+			// The first node keeps a warm pool of the web image (docs/warm-pool.md); the others
+			// clone, and leave the two cores to the pods.
+			extra = append(extra, "--warm-pool", fmt.Sprintf("%s=%d", clusterWebImage, clusterPoolSize))
+		}
+		cn.n, daemons[i] = newPassthroughNode(t, containerdtest.Options{PlainHTTPRegistries: []string{clusterRegistry}}, extra...)
+		cn.n.writeNetworkConfig(podNetwork(i))
+		cn.n.start()
+		nodes[i] = cn
+	}
+	c := startCluster(nodes)
+	for i, cn := range nodes {
+		daemons[i].Tag(containerdtest.BusyboxImage, clusterBusyboxImage)
+		cn.n.importImage(clusterWebImage, cn.n.snapshotImage("web", testimage.SnapshotOptions{Guest: guest.Spec{Busybox: true, HTTPPort: 80}}))
+		cn.n.importImage(clusterCrashImage, cn.n.snapshotImage("crash", testimage.SnapshotOptions{Guest: guest.Spec{CrashAfter: guest.Duration(10 * time.Second)}}))
+	}
 
 	kubeconfig := filepath.Join(dir, "kubeconfig")
 	data, err := os.ReadFile(c.kubeconfig)
@@ -61,14 +90,22 @@ func TestServeCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	writeFileAtomic(t, kubeconfig, data)
-	writeFileAtomic(t, filepath.Join(dir, "node"), []byte(strings.Join([]string{
-		"socket=" + n.socket, "log=" + n.logFile, "state=" + n.stateDir, "netns=" + n.netnsDir, "ipam=" + n.ipamDir,
-		"node-netns=" + n.nodeNS, "cocoon-root=" + n.rootDir, "cocoon-run=" + n.runDir, "cocoon-log=" + n.logDir,
-		"containerd=" + ctrd.Endpoint(), "control-plane=" + c.dir, "cgroup-root=" + cgroupRoot,
-	}, "\n")+"\n"))
+	for i, cn := range nodes {
+		n := cn.n
+		file := "node"
+		if i > 0 {
+			file = fmt.Sprintf("node-%d", i+1)
+		}
+		writeFileAtomic(t, filepath.Join(dir, file), []byte(strings.Join([]string{
+			"name=" + cn.name, "socket=" + n.socket, "log=" + n.logFile, "state=" + n.stateDir, "netns=" + n.netnsDir, "ipam=" + n.ipamDir,
+			"node-netns=" + n.nodeNS, "cocoon-root=" + n.rootDir, "cocoon-run=" + n.runDir, "cocoon-log=" + n.logDir,
+			"containerd=" + daemons[i].Endpoint(), "control-plane=" + c.dir, "cgroup-root=" + cn.cgroupRoot,
+			"kubelet-root=" + filepath.Join(cn.kubelet.dir, "root"),
+		}, "\n")+"\n"))
+	}
 	// Written last: hack/cluster.sh waits for it.
 	writeFileAtomic(t, filepath.Join(dir, "env"), fmt.Appendf(nil,
-		"export KUBECONFIG=%s\nexport CONTAINER_RUNTIME_ENDPOINT=unix://%s\n", kubeconfig, n.socket))
+		"export KUBECONFIG=%s\nexport CONTAINER_RUNTIME_ENDPOINT=unix://%s\nexport COCOON_REGISTRY=%s\n", kubeconfig, nodes[0].n.socket, clusterRegistry))
 	t.Log("the cluster is up")
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
@@ -87,9 +124,9 @@ func writeFileAtomic(t *testing.T, path string, data []byte) {
 	}
 }
 
-// upCluster runs hack/cluster.sh up, serving from this test binary, and down when the test ends.
-// It returns the environment up printed and the node's file locations.
-func upCluster(t *testing.T) (env, nodeFiles map[string]string) {
+// upCluster runs hack/cluster.sh up with args, serving from this test binary, and down when the
+// test ends. It returns the environment up printed and each node's file locations.
+func upCluster(t *testing.T, args ...string) (env map[string]string, nodes []map[string]string) {
 	t.Helper()
 	root, err := repoRoot()
 	if err != nil {
@@ -103,8 +140,8 @@ func upCluster(t *testing.T) (env, nodeFiles map[string]string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	script := func(verb string) *exec.Cmd {
-		cmd := exec.Command(filepath.Join(root, "hack", "cluster.sh"), verb)
+	script := func(verb string, args ...string) *exec.Cmd {
+		cmd := exec.Command(filepath.Join(root, "hack", "cluster.sh"), append([]string{verb}, args...)...)
 		cmd.Env = append(os.Environ(), "COCOON_CLUSTER_DIR="+dir, "COCOON_CLUSTER_SERVER="+self,
 			"COCOON_CRI_BIN="+filepath.Dir(bins.kubectl))
 		return cmd
@@ -122,7 +159,7 @@ func upCluster(t *testing.T) (env, nodeFiles map[string]string) {
 			_ = os.RemoveAll(dir)
 		}
 	})
-	out, err := script("up").Output()
+	out, err := script("up", args...).Output()
 	if err != nil {
 		t.Fatalf("hack/cluster.sh up: %v", err)
 	}
@@ -134,19 +171,28 @@ func upCluster(t *testing.T) (env, nodeFiles map[string]string) {
 		}
 		env[key] = value
 	}
-	if env["KUBECONFIG"] == "" || !strings.HasPrefix(env["CONTAINER_RUNTIME_ENDPOINT"], "unix://") {
-		t.Fatalf("hack/cluster.sh up printed %q, want KUBECONFIG and CONTAINER_RUNTIME_ENDPOINT", out)
+	if env["KUBECONFIG"] == "" || !strings.HasPrefix(env["CONTAINER_RUNTIME_ENDPOINT"], "unix://") || env["COCOON_REGISTRY"] == "" {
+		t.Fatalf("hack/cluster.sh up printed %q, want KUBECONFIG, CONTAINER_RUNTIME_ENDPOINT and COCOON_REGISTRY", out)
 	}
-	data, err := os.ReadFile(filepath.Join(dir, "node"))
-	if err != nil {
-		t.Fatal(err)
+	for i := 1; ; i++ {
+		file := "node"
+		if i > 1 {
+			file = fmt.Sprintf("node-%d", i)
+		}
+		data, err := os.ReadFile(filepath.Join(dir, file))
+		if os.IsNotExist(err) && i > 1 {
+			return env, nodes
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		files := map[string]string{}
+		for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+			key, value, _ := strings.Cut(line, "=")
+			files[key] = value
+		}
+		nodes = append(nodes, files)
 	}
-	nodeFiles = map[string]string{}
-	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
-		key, value, _ := strings.Cut(line, "=")
-		nodeFiles[key] = value
-	}
-	return env, nodeFiles
 }
 
 // kubectlUser runs kubectl as a user of hack/cluster.sh does: on the host, with the printed
@@ -323,7 +369,8 @@ spec:
 // VM (but the pool's), namespace, veth, address lease or pod cgroup; and down removes the whole
 // cluster.
 func TestCluster(t *testing.T) {
-	env, nodeFiles := upCluster(t)
+	env, nodes := upCluster(t)
+	nodeFiles := nodes[0]
 	k := kubectlUser{t: t, env: append(os.Environ(), "KUBECONFIG="+env["KUBECONFIG"])}
 
 	if handler := k.must("get", "runtimeclass", "cocoon", "-o", "jsonpath={.handler} {.overhead.podFixed.memory}"); handler != "cocoon 64Mi" {
@@ -576,48 +623,7 @@ func TestCluster(t *testing.T) {
 	// delete: nothing of the pods is left on the node but the warm pool's VMs.
 	k.must("delete", "pod", "--all", "--wait", "--timeout=180s")
 	k.eventually("nothing left of the pods", func() error {
-		var left []string
-		if pods := crictl("pods", "-q"); pods != "" {
-			left = append(left, "sandboxes "+pods)
-		}
-		vms, err := exec.Command(bins.cocoonSim, "--root-dir", nodeFiles["cocoon-root"], "--run-dir", nodeFiles["cocoon-run"],
-			"--log-dir", nodeFiles["cocoon-log"], "vm", "list", "-o", "json").Output()
-		var listed []struct {
-			Config struct{ Name string } `json:"config"`
-		}
-		if err == nil {
-			err = json.Unmarshal(vms, &listed)
-		}
-		pooled := 0
-		for _, vm := range listed {
-			if strings.HasPrefix(vm.Config.Name, "cri-pool-") {
-				pooled++
-			} else {
-				left = append(left, "VM "+vm.Config.Name)
-			}
-		}
-		if err != nil || pooled > clusterPoolSize {
-			left = append(left, fmt.Sprintf("VMs %s %v", vms, err))
-		}
-		entries, _ := os.ReadDir(nodeFiles["netns"])
-		for _, e := range entries {
-			if !strings.HasPrefix(e.Name(), "cocoon-cri-pool") {
-				left = append(left, "pod network namespace "+e.Name())
-			}
-		}
-		if leases, _ := filepath.Glob(filepath.Join(nodeFiles["ipam"], "pods", "10.*")); len(leases) > 0 {
-			left = append(left, fmt.Sprintf("address leases %v", leases))
-		}
-		links, err := exec.Command("nsenter", "--net="+nodeFiles["node-netns"], "--", "ip", "-o", "link", "show", "type", "veth").Output()
-		if err != nil {
-			left = append(left, fmt.Sprintf("the node's links: %v", err))
-		}
-		for _, line := range strings.Split(strings.TrimSpace(string(links)), "\n") {
-			// The host link's end is the node's own.
-			if fields := strings.Fields(line); len(fields) > 1 && !strings.HasPrefix(fields[1], clusterNodeLink+"@") {
-				left = append(left, "veth "+fields[1])
-			}
-		}
+		left := nodeLeftovers(nodeFiles, clusterPoolSize)
 		if dirs := cgroupDirs(podCgroup); len(dirs) > 0 {
 			left = append(left, fmt.Sprintf("the pod's cgroups %v", dirs))
 		}
@@ -626,4 +632,53 @@ func TestCluster(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// nodeLeftovers lists what a cluster node (as its file locations describe it) has left with no
+// pod on it: sandboxes, VMs beyond a warm pool of pooled, pod namespaces, address leases and
+// veths.
+func nodeLeftovers(files map[string]string, pooled int) []string {
+	var left []string
+	cmd := exec.Command(bins.crictl, "--runtime-endpoint", "unix://"+files["socket"], "--timeout", "60s", "pods", "-q")
+	cmd.Env = append(os.Environ(), "CRI_CONFIG_FILE="+os.DevNull)
+	if pods, err := cmd.Output(); err != nil || len(bytes.TrimSpace(pods)) > 0 {
+		left = append(left, fmt.Sprintf("sandboxes %q %v", pods, err))
+	}
+	vms, err := exec.Command(bins.cocoonSim, "--root-dir", files["cocoon-root"], "--run-dir", files["cocoon-run"],
+		"--log-dir", files["cocoon-log"], "vm", "list", "-o", "json").Output()
+	var listed []cocoon.VM
+	if err == nil {
+		listed, err = decodeCocoonList[cocoon.VM](vms)
+	}
+	inPool := 0
+	for _, vm := range listed {
+		if strings.HasPrefix(vm.Config.Name, "cri-pool-") {
+			inPool++
+		} else {
+			left = append(left, "VM "+vm.Config.Name)
+		}
+	}
+	if err != nil || inPool > pooled {
+		left = append(left, fmt.Sprintf("VMs %s %v", vms, err))
+	}
+	entries, _ := os.ReadDir(files["netns"])
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), "cocoon-cri-pool") {
+			left = append(left, "pod network namespace "+e.Name())
+		}
+	}
+	if leases, _ := filepath.Glob(filepath.Join(files["ipam"], "pods", "10.*")); len(leases) > 0 {
+		left = append(left, fmt.Sprintf("address leases %v", leases))
+	}
+	links, err := exec.Command("nsenter", "--net="+files["node-netns"], "--", "ip", "-o", "link", "show", "type", "veth").Output()
+	if err != nil {
+		left = append(left, fmt.Sprintf("the node's links: %v", err))
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(links)), "\n") {
+		// The links to the host and to the fabric are the node's own.
+		if fields := strings.Fields(line); len(fields) > 1 && !strings.HasPrefix(fields[1], clusterNodeLink+"@") && !strings.HasPrefix(fields[1], fabricNodeLink+"@") {
+			left = append(left, "veth "+fields[1])
+		}
+	}
+	return left
 }

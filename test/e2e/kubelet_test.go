@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -47,6 +48,8 @@ func (n *node) startKubelet() *kubelet {
 
 // kubeletOptions register the kubelet with an API server, and give it pod cgroups.
 type kubeletOptions struct {
+	// name is the node's name; empty is kubeletNodeName.
+	name       string
 	kubeconfig string
 	nodeIP     string
 	labels     string // --node-labels
@@ -121,7 +124,7 @@ imageGCLowThresholdPercent: 99
 	cmd := exec.Command("nsenter", "--net="+n.nodeNS, "--", "unshare", "--mount", "--propagation", "unchanged", "--",
 		"sh", "-c", setup.String(), "kubelet", bins.kubelet,
 		"--config", configFile, "--root-dir", root, "--cert-dir", filepath.Join(k.dir, "pki"),
-		"--hostname-override", kubeletNodeName, "--v", "2")
+		"--hostname-override", cmp.Or(opts.name, kubeletNodeName), "--v", "2")
 	if opts.kubeconfig != "" {
 		cmd.Args = append(cmd.Args, "--kubeconfig", opts.kubeconfig, "--node-ip", opts.nodeIP, "--node-labels", opts.labels)
 	}

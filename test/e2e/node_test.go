@@ -94,7 +94,7 @@ func prepareNode(t *testing.T, env []string, extra ...string) *node {
 	}
 	t.Cleanup(n.cleanup)
 	n.makeNodeNamespace()
-	n.writeNetworkConfig(nodeSubnet)
+	n.writeNetworkConfig(nodeSubnet, nodeGateway)
 	return n
 }
 
@@ -121,15 +121,15 @@ func (n *node) makeNodeNamespace() {
 	})
 }
 
-// writeNetworkConfig installs the cluster network: Debian's reference plugins, a bridge with
-// host-local addresses of subnet (whose first address is nodeGateway) and host ports through
-// portmap.
-func (n *node) writeNetworkConfig(subnet string) {
+// writeNetworkConfig installs the pod network: Debian's reference plugins, a bridge with
+// host-local addresses of subnet (gateway, its first address, on the bridge) and host ports
+// through portmap.
+func (n *node) writeNetworkConfig(subnet, gateway string) {
 	n.t.Helper()
 	conf := fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "pods", "plugins": [
   {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false,
    "ipam": {"type": "host-local", "ranges": [[{"subnet": %q, "gateway": %q}]], "routes": [{"dst": "0.0.0.0/0"}], "dataDir": %q}},
-  {"type": "portmap", "capabilities": {"portMappings": true}}]}`, subnet, nodeGateway, n.ipamDir)
+  {"type": "portmap", "capabilities": {"portMappings": true}}]}`, subnet, gateway, n.ipamDir)
 	if err := os.MkdirAll(n.cniConf, 0o755); err != nil {
 		n.t.Fatal(err)
 	}
@@ -367,14 +367,22 @@ func cocoonList[T any](n *node, what string) []T {
 	if err != nil {
 		n.t.Fatal(err)
 	}
-	if strings.HasPrefix(strings.TrimSpace(out), "No ") {
-		return nil
-	}
-	var items []T
-	if err := json.Unmarshal([]byte(out), &items); err != nil {
+	items, err := decodeCocoonList[T]([]byte(out))
+	if err != nil {
 		n.t.Fatal(err)
 	}
 	return items
+}
+
+// decodeCocoonList reads a cocoon "list -o json": cocoon says "No … found." instead of an empty
+// list.
+func decodeCocoonList[T any](out []byte) ([]T, error) {
+	if bytes.HasPrefix(bytes.TrimSpace(out), []byte("No ")) {
+		return nil, nil
+	}
+	var items []T
+	err := json.Unmarshal(out, &items)
+	return items, err
 }
 
 // vms lists the simulator's VMs.

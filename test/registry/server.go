@@ -29,13 +29,16 @@ const Binary = "docker-registry"
 type Options struct {
 	// NetNS is the path of the network namespace to serve in; empty serves in the caller's.
 	NetNS string
+	// Addr is the address to listen on (ip:port), one of the namespace's; empty is 127.0.0.1
+	// and a free port.
+	Addr string
 	// Username and Password, when set, are the only credentials the registry accepts.
 	Username, Password string
 }
 
 // Server is a running registry. Everything it stores is under Dir, removed with it.
 type Server struct {
-	// Host is its address, 127.0.0.1:<port>, in its network namespace.
+	// Host is its address, ip:port, in its network namespace.
 	Host string
 	// Dir holds its configuration, log and storage.
 	Dir  string
@@ -84,8 +87,12 @@ func (s *Server) writeConfig() error {
 		}
 		auth = fmt.Sprintf("auth:\n  htpasswd:\n    realm: cocoon-cri-test\n    path: %s\n", path)
 	}
-	// Port 0: the server picks a free port and logs it. No blob descriptor cache, so a blob
-	// tampered with on disk is served as it now is.
+	addr := s.opts.Addr
+	if addr == "" {
+		// Port 0: the server picks a free port and logs it.
+		addr = "127.0.0.1:0"
+	}
+	// No blob descriptor cache, so a blob tampered with on disk is served as it now is.
 	config := fmt.Sprintf(`version: 0.1
 log:
   level: info
@@ -100,9 +107,9 @@ storage:
     uploadpurging:
       enabled: false
 http:
-  addr: 127.0.0.1:0
+  addr: %s
   secret: cocoon-cri-test
-%s`, filepath.Join(s.Dir, "storage"), auth)
+%s`, filepath.Join(s.Dir, "storage"), addr, auth)
 	return os.WriteFile(filepath.Join(s.Dir, "config.yml"), []byte(config), 0o600)
 }
 
@@ -134,7 +141,7 @@ func (s *Server) start() error {
 	return nil
 }
 
-var listening = regexp.MustCompile(`listening on (127\.0\.0\.1:\d+)`)
+var listening = regexp.MustCompile(`listening on ([0-9.]+:\d+)`)
 
 func (s *Server) waitListening(limit time.Duration) error {
 	return s.proc.WaitReady(limit, 20*time.Millisecond, func() error {

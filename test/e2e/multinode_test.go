@@ -1,0 +1,212 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
+	"github.com/cocoonstack/cocoon-cri/test/registry"
+	"github.com/cocoonstack/cocoon-cri/test/testimage"
+)
+
+// twoNodePods are a VM pod serving HTTP on the second node behind a Service, and an ordinary pod
+// on the first that serves HTTP too, for the way back.
+const twoNodePods = `apiVersion: v1
+kind: Pod
+metadata: {name: web, labels: {app: web}}
+spec:
+  nodeName: cocoon-node-2
+  runtimeClassName: cocoon
+  terminationGracePeriodSeconds: 5
+  containers:
+  - {name: web, image: ` + clusterWebImage + `, imagePullPolicy: Never}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  selector: {app: web}
+  ports: [{port: 80, targetPort: 80}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: client}
+spec:
+  nodeName: cocoon-node
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: client
+    image: ` + clusterBusyboxImage + `
+    imagePullPolicy: Never
+    command: [sh, -c, "mkdir -p /tmp/www && echo client here > /tmp/www/index.html && exec httpd -f -p 8080 -h /tmp/www"]
+`
+
+// vmPod is a VM pod of image pinned to node.
+func vmPod(name, node, image string) string {
+	return fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata: {name: %s}
+spec:
+  nodeName: %s
+  runtimeClassName: cocoon
+  terminationGracePeriodSeconds: 5
+  containers:
+  - {name: app, image: %q}
+`, name, node, image)
+}
+
+// httpGetWithNC is an HTTP GET through busybox nc (Debian's static busybox wget crashes), run in
+// a pod: the answer's body and status line.
+func httpGetWithNC(k kubectlUser, pod, hostport string) (string, error) {
+	host, port, _ := net.SplitHostPort(hostport)
+	return k.run(nil, "exec", pod, "--", "sh", "-c", fmt.Sprintf(`printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 10 %s %s`, host, port))
+}
+
+// TestClusterOfTwoNodes: hack/cluster.sh up --nodes 2 brings up two nodes joined by one network,
+// with kube-proxy on each and a registry both pull from. An ordinary pod on the first node reaches
+// a VM pod on the second by pod IP and through a ClusterIP Service, and the VM pod reaches it
+// back. An OCI VM image pushed once to the registry runs on both nodes. A VM pod moves: it is
+// checkpointed on the first node through the kubelet's API, the archive pushed with cocoon-cri
+// image push, and a pod of it on the second node resumes the guest's memory with an identity of
+// its own, the second node fetching the base image it never had. Deleting the pods leaves nothing
+// on either node, and down removes the cluster.
+func TestClusterOfTwoNodes(t *testing.T) {
+	env, nodes := upCluster(t, "--nodes", "2")
+	if len(nodes) != 2 {
+		t.Fatalf("hack/cluster.sh up --nodes 2 described %d nodes", len(nodes))
+	}
+	k := kubectlUser{t: t, env: append(os.Environ(), "KUBECONFIG="+env["KUBECONFIG"])}
+	if ready := k.must("get", "nodes", "-o", `jsonpath={range .items[*]}{.metadata.name}={.status.conditions[?(@.type=="Ready")].status} {end}`); ready != "cocoon-node=True cocoon-node-2=True " {
+		t.Fatalf("the nodes: %q", ready)
+	}
+	if _, err := k.run(strings.NewReader(twoNodePods), "apply", "-f", "-"); err != nil {
+		t.Fatal(err)
+	}
+	k.must("wait", "--for=condition=Ready", "--timeout=180s", "pod/web", "pod/client")
+	webIP := k.must("get", "pod", "web", "-o", "jsonpath={.status.podIP}")
+	clientIP := k.must("get", "pod", "client", "-o", "jsonpath={.status.podIP}")
+	if !strings.HasPrefix(webIP, "10.88.1.") || !strings.HasPrefix(clientIP, "10.88.0.") {
+		t.Fatalf("pod IPs: web %s, client %s; want each in its node's pod subnet", webIP, clientIP)
+	}
+
+	// Pod to pod across the nodes, both ways, and a Service on one node to a VM pod on the other.
+	if out, err := httpGetWithNC(k, "client", net.JoinHostPort(webIP, "80")); err != nil || !strings.Contains(out, "cocoon-sim guest web") {
+		t.Errorf("the VM pod on the other node by pod IP: %q %v", out, err)
+	}
+	if out, err := httpGetWithNC(k, "web", net.JoinHostPort(clientIP, "8080")); err != nil || !strings.Contains(out, "client here") {
+		t.Errorf("the ordinary pod on the other node from the VM pod: %q %v", out, err)
+	}
+	serviceIP := k.must("get", "service", "web", "-o", "jsonpath={.spec.clusterIP}")
+	k.eventually("the Service reaches the VM pod on the other node", func() error {
+		out, err := httpGetWithNC(k, "client", net.JoinHostPort(serviceIP, "80"))
+		if err == nil && !strings.Contains(out, "reached at "+webIP) {
+			err = fmt.Errorf("answer %q", out)
+		}
+		return err
+	})
+
+	// An OCI VM image pushed once runs on every node: the kubelet pulls it (containerd fetches
+	// it, cocoon brings it in for the VM pod).
+	reg := env["COCOON_REGISTRY"]
+	var layer bytes.Buffer
+	if err := testimage.WriteOCILayer(&layer, testimage.LayerOptions{Guest: guest.Spec{Busybox: true, HTTPPort: 80}}); err != nil {
+		t.Fatal(err)
+	}
+	pushed, err := registry.Target{Host: reg}.PushOCIImage(context.Background(), "cocoon/web:v1", layer.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := nodes[1]
+	if images := cocoonImagesOf(t, second); len(images) != 0 {
+		t.Fatalf("the second node's cocoon has images before any pull: %v", images)
+	}
+	if _, err := k.run(strings.NewReader(vmPod("src", "cocoon-node", pushed.Ref)), "apply", "-f", "-"); err != nil {
+		t.Fatal(err)
+	}
+	k.must("wait", "--for=condition=Ready", "--timeout=180s", "pod/src")
+	k.must("exec", "src", "--", "sh", "-c", "echo kept > /dev/shm/state")
+
+	// The move: the kubelet's checkpoint API on the first node, a push, a pod on the second.
+	var checkpointed struct{ Items []string }
+	if err := json.Unmarshal([]byte(k.must("create", "--request-timeout=0", "--raw", "/api/v1/nodes/cocoon-node/proxy/checkpoint/default/src/app", "-f", os.DevNull)), &checkpointed); err != nil || len(checkpointed.Items) != 1 {
+		t.Fatalf("the kubelet's checkpoint answer: %v %v", checkpointed, err)
+	}
+	moved := reg + "/checkpoints/src:1"
+	push := exec.Command(bins.cocoonCRI, "image", "push", "--registry-insecure", reg, checkpointed.Items[0], moved)
+	if out, err := push.CombinedOutput(); err != nil {
+		t.Fatalf("cocoon-cri image push: %v: %s", err, out)
+	}
+	k.must("exec", "src", "--", "sh", "-c", "echo later > /dev/shm/later")
+	if _, err := k.run(strings.NewReader(vmPod("moved", "cocoon-node-2", moved)), "apply", "-f", "-"); err != nil {
+		t.Fatal(err)
+	}
+	k.must("wait", "--for=condition=Ready", "--timeout=180s", "pod/moved")
+	if out := k.must("exec", "moved", "--", "sh", "-c", "cat /dev/shm/state; ls /dev/shm; hostname"); out != "kept\nstate\nmoved\n" {
+		t.Errorf("the moved guest: %q, want its memory at the checkpoint and its own hostname", out)
+	}
+	if ip := k.must("get", "pod", "moved", "-o", "jsonpath={.status.podIP}"); !strings.HasPrefix(ip, "10.88.1.") {
+		t.Errorf("the moved pod's IP %q is not on the second node's pod subnet", ip)
+	}
+	// The second node never had the checkpoint's base image: cocoon's clone --pull fetched it by
+	// the digest the snapshot records. (On one machine the nodes' cocoon roots are different
+	// directories, so the base files the snapshot names stay readable; the pull shows in the
+	// second node's images.)
+	base := reg + "/cocoon/web@" + pushed.Digest
+	if images := cocoonImagesOf(t, second); len(images) != 1 || images[0] != base {
+		t.Errorf("the second node's cocoon images after the move: %v, want the base %s", images, base)
+	}
+
+	// The same image, pulled on the second node as well.
+	if _, err := k.run(strings.NewReader(vmPod("src-2", "cocoon-node-2", pushed.Ref)), "apply", "-f", "-"); err != nil {
+		t.Fatal(err)
+	}
+	k.must("wait", "--for=condition=Ready", "--timeout=180s", "pod/src-2")
+	if out := k.must("exec", "src-2", "--", "hostname"); out != "src-2\n" {
+		t.Errorf("the registry's image on the second node: hostname %q", out)
+	}
+
+	k.must("delete", "pod", "--all", "--wait", "--timeout=180s")
+	k.eventually("nothing left of the pods on either node", func() error {
+		var left []string
+		for i, files := range nodes {
+			pooled := 0
+			if i == 0 {
+				pooled = clusterPoolSize
+			}
+			for _, l := range nodeLeftovers(files, pooled) {
+				left = append(left, files["name"]+": "+l)
+			}
+		}
+		if len(left) > 0 {
+			return fmt.Errorf("%s", strings.Join(left, "; "))
+		}
+		return nil
+	})
+}
+
+// cocoonImagesOf lists the names of the OCI and cloud images a cluster node's cocoon holds.
+func cocoonImagesOf(t *testing.T, files map[string]string) []string {
+	t.Helper()
+	out, err := exec.Command(bins.cocoonSim, "--root-dir", files["cocoon-root"], "--run-dir", files["cocoon-run"],
+		"--log-dir", files["cocoon-log"], "image", "list", "-o", "json").Output()
+	if err != nil {
+		t.Fatalf("cocoon image list on %s: %v", files["name"], err)
+	}
+	images, err := decodeCocoonList[cocoon.Image](out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := make([]string, len(images))
+	for i, img := range images {
+		names[i] = img.Name
+	}
+	return names
+}
