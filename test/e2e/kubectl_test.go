@@ -386,13 +386,7 @@ func TestCluster(t *testing.T) {
 	// containerd (cocoon-cri's ListPodSandbox shows the handler of each).
 	crictl := func(args ...string) string {
 		t.Helper()
-		cmd := exec.Command(bins.crictl, append([]string{"--runtime-endpoint", env["CONTAINER_RUNTIME_ENDPOINT"], "--timeout", "60s"}, args...)...)
-		cmd.Env = append(os.Environ(), "CRI_CONFIG_FILE="+os.DevNull)
-		out, err := cmd.Output()
-		if err != nil {
-			t.Fatalf("crictl %v: %v", args, err)
-		}
-		return strings.TrimSpace(string(out))
+		return mustCrictlOn(t, env["CONTAINER_RUNTIME_ENDPOINT"], args...)
 	}
 	var sandboxes struct {
 		Items []struct {
@@ -639,9 +633,7 @@ func TestCluster(t *testing.T) {
 // veths.
 func nodeLeftovers(files map[string]string, pooled int) []string {
 	var left []string
-	cmd := exec.Command(bins.crictl, "--runtime-endpoint", "unix://"+files["socket"], "--timeout", "60s", "pods", "-q")
-	cmd.Env = append(os.Environ(), "CRI_CONFIG_FILE="+os.DevNull)
-	if pods, err := cmd.Output(); err != nil || len(bytes.TrimSpace(pods)) > 0 {
+	if pods, err := crictlOn("unix://"+files["socket"], "pods", "-q").Output(); err != nil || len(bytes.TrimSpace(pods)) > 0 {
 		left = append(left, fmt.Sprintf("sandboxes %q %v", pods, err))
 	}
 	vms, err := exec.Command(bins.cocoonSim, "--root-dir", files["cocoon-root"], "--run-dir", files["cocoon-run"],
@@ -681,4 +673,21 @@ func nodeLeftovers(files map[string]string, pooled int) []string {
 		}
 	}
 	return left
+}
+
+// crictlOn is crictl for the runtime at endpoint, as a user on the node runs it.
+func crictlOn(endpoint string, args ...string) *exec.Cmd {
+	cmd := exec.Command(bins.crictl, append([]string{"--runtime-endpoint", endpoint, "--timeout", "60s"}, args...)...)
+	cmd.Env = append(os.Environ(), "CRI_CONFIG_FILE="+os.DevNull)
+	return cmd
+}
+
+// mustCrictlOn runs crictlOn and returns its trimmed output.
+func mustCrictlOn(t *testing.T, endpoint string, args ...string) string {
+	t.Helper()
+	out, err := crictlOn(endpoint, args...).Output()
+	if err != nil {
+		t.Fatalf("crictl %v: %v", args, err)
+	}
+	return strings.TrimSpace(string(out))
 }

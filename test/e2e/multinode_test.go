@@ -49,6 +49,29 @@ spec:
     command: [sh, -c, "mkdir -p /tmp/www && echo client here > /tmp/www/index.html && exec httpd -f -p 8080 -h /tmp/www"]
 `
 
+// sleepyPod is a VM pod on the second node that hibernates after 2 s of idleness, behind a
+// Service.
+const sleepyPod = `apiVersion: v1
+kind: Pod
+metadata:
+  name: sleepy
+  labels: {app: sleepy}
+  annotations: {vm.cocoonstack.io/hibernate-after: 2s}
+spec:
+  nodeName: cocoon-node-2
+  runtimeClassName: cocoon
+  terminationGracePeriodSeconds: 5
+  containers:
+  - {name: sleepy, image: ` + clusterWebImage + `, imagePullPolicy: Never}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: sleepy}
+spec:
+  selector: {app: sleepy}
+  ports: [{port: 80, targetPort: 80}]
+`
+
 // vmPod is a VM pod of image pinned to node.
 func vmPod(name, node, image string) string {
 	return fmt.Sprintf(`apiVersion: v1
@@ -73,7 +96,8 @@ func httpGetWithNC(k kubectlUser, pod, hostport string) (string, error) {
 // TestClusterOfTwoNodes: hack/cluster.sh up --nodes 2 brings up two nodes joined by one network,
 // with kube-proxy on each and a registry both pull from. An ordinary pod on the first node reaches
 // a VM pod on the second by pod IP and through a ClusterIP Service, and the VM pod reaches it
-// back. An OCI VM image pushed once to the registry runs on both nodes. A VM pod moves: it is
+// back. A VM pod hibernated when idle wakes on a request through its Service from the other
+// node. An OCI VM image pushed once to the registry runs on both nodes. A VM pod moves: it is
 // checkpointed on the first node through the kubelet's API, the archive pushed with cocoon-cri
 // image push, and a pod of it on the second node resumes the guest's memory with an identity of
 // its own, the second node fetching the base image it never had. Deleting the pods leaves nothing
@@ -108,6 +132,34 @@ func TestClusterOfTwoNodes(t *testing.T) {
 	k.eventually("the Service reaches the VM pod on the other node", func() error {
 		out, err := httpGetWithNC(k, "client", net.JoinHostPort(serviceIP, "80"))
 		if err == nil && !strings.Contains(out, "reached at "+webIP) {
+			err = fmt.Errorf("answer %q", out)
+		}
+		return err
+	})
+
+	// A VM pod that hibernates when idle wakes on its first packet, here one a Service on the
+	// other node sent on.
+	if _, err := k.run(strings.NewReader(sleepyPod), "apply", "-f", "-"); err != nil {
+		t.Fatal(err)
+	}
+	k.must("wait", "--for=condition=Ready", "--timeout=180s", "pod/sleepy")
+	secondCRI := "unix://" + nodes[1]["socket"]
+	sleepy := mustCrictlOn(t, secondCRI, "ps", "--name", "^sleepy$", "-q")
+	k.eventually("the idle VM pod hibernated", func() error {
+		var info struct {
+			Info struct {
+				Hibernation struct{ Hibernated bool } `json:"hibernation"`
+			} `json:"info"`
+		}
+		if err := json.Unmarshal([]byte(mustCrictlOn(t, secondCRI, "inspect", sleepy)), &info); err != nil || !info.Info.Hibernation.Hibernated {
+			return fmt.Errorf("not hibernated (%v)", err)
+		}
+		return nil
+	})
+	sleepyIP := k.must("get", "service", "sleepy", "-o", "jsonpath={.spec.clusterIP}")
+	k.eventually("the hibernated VM pod answers through its Service", func() error {
+		out, err := httpGetWithNC(k, "client", net.JoinHostPort(sleepyIP, "80"))
+		if err == nil && !strings.Contains(out, "cocoon-sim guest sleepy") {
 			err = fmt.Errorf("answer %q", out)
 		}
 		return err
