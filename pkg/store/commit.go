@@ -16,7 +16,9 @@ import (
 // MaxBatchDelay (10 ms by default) hoping for company, which a lifecycle RPC alone on the node
 // would pay every time; it retries a failed group's functions one by one, so a function may run
 // twice; and it tells callers nothing in arrival order, where settle must update the in-memory
-// tables in exactly the order the file took the changes.
+// tables in exactly the order the file took the changes. Measured (commit_bench_test.go, one small
+// record per transaction on a synced file, 2 cores, 2026-11-28): a lone writer 0.62 ms here
+// against 11.7 ms through Batch; 50 writers at once 1.36 ms against 12.6 ms.
 type committer struct {
 	db      *bolt.DB
 	mu      sync.Mutex
