@@ -32,6 +32,9 @@ func codeOf(err error) codes.Code {
 		return codes.DeadlineExceeded
 	case errors.Is(err, context.Canceled):
 		return codes.Canceled
+	case errors.Is(err, imagestore.ErrBaseUnavailable):
+		// Before the rest: cocoon's reason inside may be a NotFound of the base, not the image.
+		return codes.FailedPrecondition
 	case errors.Is(err, store.ErrNotFound), errors.Is(err, cocoon.ErrNotFound), errors.Is(err, imagestore.ErrNotFound):
 		return codes.NotFound
 	case errors.Is(err, store.ErrExists), errors.Is(err, cocoon.ErrAlreadyExists):

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/name"
+
 	"github.com/cocoonstack/cocoon-cri/pkg/checkpoint"
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
@@ -88,10 +90,24 @@ func (s *Service) importLocked(ctx context.Context, id, tag string, r io.Reader)
 		}
 		return nil
 	})
+	if err == nil {
+		// An archive comes from no registry: its base only with cocoon's own credentials.
+		err = s.withBase(ctx, img, name.Registry{}, Credentials{})
+	}
 	if err != nil {
 		return nil, err
 	}
 	return s.commit(img, tag)
+}
+
+// withBase is ensureBase for an artifact just brought in, which goes again when its base cannot
+// be had.
+func (s *Service) withBase(ctx context.Context, img *store.Image, registry name.Registry, creds Credentials) error {
+	err := s.ensureBase(ctx, img, registry, creds)
+	if err != nil {
+		s.discardArtifact(ctx, img.Kind, img.LocalName)
+	}
+	return err
 }
 
 // importArtifact streams the artifact into cocoon under the digest's local name. verify, when
@@ -142,7 +158,7 @@ func (s *Service) runImport(ctx context.Context, img *store.Image, r io.Reader) 
 		}
 		img.Snapshot = &store.SnapshotInfo{
 			CPU: snap.CPU, Memory: snap.Memory, Storage: snap.Storage, NICs: snap.NICs,
-			Hypervisor: snap.Hypervisor, ImageType: snap.ImageType, Windows: snap.Windows, BaseImage: snap.Image,
+			Hypervisor: snap.Hypervisor, ImageType: snap.ImageType, Windows: snap.Windows, BaseImage: snap.Image, BaseDigest: snap.ImageDigest,
 		}
 		if img.Snapshot.Hypervisor == "" {
 			img.Snapshot.Hypervisor = cocoon.HypervisorCloudHypervisor

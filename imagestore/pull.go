@@ -90,7 +90,9 @@ func (s *Service) pullArtifact(ctx context.Context, ref string, remoteRef name.R
 	var img *store.Image
 	switch art.kind {
 	case store.ImageSnapshot:
-		img, err = s.pullSnapshot(ctx, session, art, progress)
+		if img, err = s.pullSnapshot(ctx, session, art, progress); err == nil {
+			err = s.withBase(ctx, img, art.ref.Context().Registry, creds)
+		}
 	case store.ImageCloud:
 		img, err = s.pullCloudImage(ctx, session, art, progress)
 	default:

@@ -72,6 +72,7 @@ type Cocoon interface {
 	SnapshotRemove(ctx context.Context, ref string) error
 	ImageImport(ctx context.Context, r io.Reader, name string) (*cocoon.Image, error)
 	ImagePull(ctx context.Context, ref string, o cocoon.PullOptions) (*cocoon.Image, error)
+	ImageInspect(ctx context.Context, ref string) (*cocoon.Image, error)
 	ImageRemove(ctx context.Context, ref string) error
 }
 

@@ -974,6 +974,21 @@ func (f *fakeCocoon) ImagePull(_ context.Context, ref string, _ cocoon.PullOptio
 	return f.addImage(ref, cocoon.ImageTypeOCI, 1<<20), nil
 }
 
+func (f *fakeCocoon) ImageInspect(_ context.Context, ref string) (*cocoon.Image, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.call("ImageInspect", ref); err != nil {
+		return nil, err
+	}
+	for _, img := range f.images {
+		if img.Name == ref || img.ID == ref {
+			out := *img
+			return &out, nil
+		}
+	}
+	return nil, cocoonErr(cocoon.ErrNotFound, fmt.Sprintf("image %q: not found in any backend", ref), "image", "inspect", ref)
+}
+
 func (f *fakeCocoon) ImageRemove(_ context.Context, ref string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()

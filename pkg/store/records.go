@@ -286,8 +286,10 @@ type SnapshotInfo struct {
 	Hypervisor string `json:"hypervisor"`
 	ImageType  string `json:"image_type,omitempty"`
 	Windows    bool   `json:"windows,omitempty"`
-	// BaseImage is the image the snapshot's disks build on, as cocoon recorded it.
-	BaseImage string `json:"base_image,omitempty"`
+	// BaseImage is the image the snapshot's disks build on, as cocoon recorded it, and BaseDigest
+	// the digest it recorded with it.
+	BaseImage  string `json:"base_image,omitempty"`
+	BaseDigest string `json:"base_digest,omitempty"`
 }
 
 func (i *Image) key() string { return i.ID }

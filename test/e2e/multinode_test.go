@@ -100,7 +100,8 @@ func httpGetWithNC(k kubectlUser, pod, hostport string) (string, error) {
 // node. An OCI VM image pushed once to the registry runs on both nodes. A VM pod moves: it is
 // checkpointed on the first node through the kubelet's API, the archive pushed with cocoon-cri
 // image push, and a pod of it on the second node resumes the guest's memory with an identity of
-// its own, the second node fetching the base image it never had. Deleting the pods leaves nothing
+// its own, the second node fetching the base image it never had; a snapshot whose base is nowhere
+// fails its pull, naming the base. Deleting the pods leaves nothing
 // on either node, and down removes the cluster.
 func TestClusterOfTwoNodes(t *testing.T) {
 	env, nodes := upCluster(t, "--nodes", "2")
@@ -207,14 +208,34 @@ func TestClusterOfTwoNodes(t *testing.T) {
 	if ip := k.must("get", "pod", "moved", "-o", "jsonpath={.status.podIP}"); !strings.HasPrefix(ip, "10.88.1.") {
 		t.Errorf("the moved pod's IP %q is not on the second node's pod subnet", ip)
 	}
-	// The second node never had the checkpoint's base image: cocoon's clone --pull fetched it by
-	// the digest the snapshot records. (On one machine the nodes' cocoon roots are different
-	// directories, so the base files the snapshot names stay readable; the pull shows in the
-	// second node's images.)
+	// The second node never had the checkpoint's base image: its pull fetched it by the digest the
+	// snapshot records. (On one machine the nodes' cocoon roots are different directories, so the
+	// base files the snapshot names stay readable; the pull shows in the second node's images.)
 	base := reg + "/cocoon/web@" + pushed.Digest
 	if images := cocoonImagesOf(t, second); len(images) != 1 || images[0] != base {
 		t.Errorf("the second node's cocoon images after the move: %v, want the base %s", images, base)
 	}
+
+	// A snapshot whose base the registry does not have: the kubelet's pull fails (ErrImagePull)
+	// and says which base and why.
+	var orphan bytes.Buffer
+	if err := testimage.WriteSnapshotArchive(&orphan, testimage.SnapshotOptions{Name: "orphan", Image: reg + "/cocoon/absent:v1"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := (registry.Target{Host: reg}).PushSnapshot(context.Background(), "checkpoints/orphan:1", &orphan, registry.SnapshotPush{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k.run(strings.NewReader(vmPod("orphan", "cocoon-node-2", reg+"/checkpoints/orphan:1")), "apply", "-f", "-"); err != nil {
+		t.Fatal(err)
+	}
+	k.eventually("the pull of a snapshot without its base fails", func() error {
+		waiting := k.must("get", "pod", "orphan", "-o", "jsonpath={.status.containerStatuses[0].state.waiting.reason}: {.status.containerStatuses[0].state.waiting.message}")
+		if !strings.HasPrefix(waiting, "ErrImagePull: ") || !strings.Contains(waiting, "FailedPrecondition") ||
+			!strings.Contains(waiting, "the snapshot's base image is not on this node: "+reg+"/cocoon/absent@sha256:") {
+			return fmt.Errorf("the pod waits with %q", waiting)
+		}
+		return nil
+	})
 
 	// The same image, pulled on the second node as well.
 	if _, err := k.run(strings.NewReader(vmPod("src-2", "cocoon-node-2", pushed.Ref)), "apply", "-f", "-"); err != nil {

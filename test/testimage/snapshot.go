@@ -6,6 +6,7 @@ package testimage
 
 import (
 	"archive/tar"
+	"cmp"
 	"crypto/sha256"
 	"encoding/base32"
 	"encoding/hex"
@@ -44,6 +45,9 @@ type SnapshotOptions struct {
 	ImageType string
 	// Image is the image reference recorded in the snapshot; default "cocoon-sim/guest:latest".
 	Image string
+	// ImageDigest is the base image's digest recorded in the snapshot; default one derived from
+	// Image, which is also the base files' name (InstallBaseFiles).
+	ImageDigest string
 	// NICs is the number of NICs the snapshotted VM had.
 	NICs int
 	// RootDir is the cocoon --root-dir of the host the snapshot will be cloned on; the snapshot
@@ -259,7 +263,7 @@ func (s *snapshotLayout) config() cocoon.SnapshotConfig {
 	return cocoon.SnapshotConfig{
 		Config: cocoon.Config{
 			CPU: o.CPU, Memory: o.Memory, Storage: o.Storage, Image: o.Image,
-			ImageDigest: "sha256:" + s.base.blobHex, ImageType: o.ImageType, SharedMemory: o.SharedMemory,
+			ImageDigest: cmp.Or(o.ImageDigest, "sha256:"+s.base.blobHex), ImageType: o.ImageType, SharedMemory: o.SharedMemory,
 		},
 		Name: o.Name, Description: o.Description, Hypervisor: o.Hypervisor, NICs: o.NICs,
 		ImageBlobIDs: map[string]struct{}{s.base.blobHex: {}},
