@@ -51,8 +51,9 @@ setup:
 	./hack/setup-erofs.sh
 
 # crictl and critest (pinned in test/tools/go.mod), the kubelet, the control plane and kubectl
-# (test/tools/kubelet/go.mod), etcd (test/tools/etcd/go.mod) and containerd with its runc shim and
-# ctr (test/tools/containerd/go.mod), built once per version.
+# (test/tools/kubelet/go.mod), etcd (test/tools/etcd/go.mod), the cluster's CoreDNS
+# (test/tools/coredns) and containerd with its runc shim and ctr (test/tools/containerd/go.mod),
+# built once per version.
 tools:
 	./hack/build-tools.sh
 

@@ -4,8 +4,9 @@
 # directives that crictl's module must not inherit), containerd with its runc shim and ctr from
 # test/tools/containerd (the passthrough runtime of the tests), and the control plane of
 # hack/cluster.sh: kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy and kubectl from
-# test/tools/kubelet, etcd from test/tools/etcd.
-# With arguments, only the tools named.
+# test/tools/kubelet, etcd from test/tools/etcd, and the cluster DNS: a CoreDNS with only the plugins
+# the cluster uses, from the main package of test/tools/coredns.
+# With arguments, only the tools named (control-plane is all of the cluster's; coredns alone works too).
 # A stamp per binary records the version it was built from, so a repeat run is a no-op.
 # COCOON_CRI_TOOLS_CACHE: where built tools are kept across checkouts (~/.cache/cocoon-cri/tools).
 set -euo pipefail
@@ -46,6 +47,17 @@ build() {
   echo "$version" > "$bin/.$name.version"
 }
 
+# build_coredns builds the cluster DNS, about 3 minutes on a cold build cache (client-go is most of
+# it). The main package is ours, not CoreDNS's, so the version carries a hash of it: a plugin added
+# there rebuilds the binary. No VCS stamp: the package sits in this repository, whose state must
+# not change the build.
+build_coredns() {
+  local v
+  v=$(pinned test/tools/coredns github.com/coredns/coredns)
+  v="$v+$(sha256sum test/tools/coredns/main.go | cut -c1-12)"
+  build coredns "$v" test/tools/coredns . build -buildvcs=false -ldflags "-s -w"
+}
+
 tools=("$@")
 [ ${#tools[@]} -gt 0 ] || tools=(crictl critest kubelet containerd control-plane)
 for tool in "${tools[@]}"; do
@@ -75,7 +87,11 @@ for tool in "${tools[@]}"; do
         done
         v=$(pinned test/tools/etcd go.etcd.io/etcd/server/v3)
         build etcd "$v" test/tools/etcd go.etcd.io/etcd/server/v3 build -ldflags "-s -w"
+        build_coredns
       fi
+      ;;
+    coredns)
+      build_coredns
       ;;
     containerd)
       # About 3 minutes on a cold build cache. The shim must sit beside containerd: the tests put
@@ -87,7 +103,7 @@ for tool in "${tools[@]}"; do
       done
       ;;
     *)
-      echo "build-tools: unknown tool $tool (crictl, critest, kubelet, containerd, control-plane)" >&2
+      echo "build-tools: unknown tool $tool (crictl, critest, kubelet, containerd, control-plane, coredns)" >&2
       exit 1
       ;;
   esac
