@@ -6,7 +6,8 @@
 # private network namespaces with every file under one directory, on every node: cocoon-cri on the
 # cocoon simulator with containerd beside it through passthrough, a CNI bridge with the node's pod
 # subnet (10.88.<i>.0/24), the kubelet (cocoon-node, cocoon-node-2, cocoon-node-3) and kube-proxy;
-# on the first node etcd, kube-apiserver, kube-controller-manager and kube-scheduler. The nodes
+# on the first node etcd, kube-apiserver, kube-controller-manager, kube-scheduler and CoreDNS (the
+# kube-dns Service, 10.96.0.10, every pod's resolver). The nodes
 # share one network (10.89.0.0/24) with routes to each other's pod subnets, and a registry on it
 # (10.89.0.1:5000, plain HTTP) that every node pulls from. It applies deploy/runtimeclass.yaml,
 # imports two VM images on every node (cocoon.local/agent-sandbox:v1, a busybox guest serving HTTP

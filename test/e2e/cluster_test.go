@@ -41,6 +41,8 @@ const (
 	clusterServiceRange = "10.96.0.0/24"
 	// clusterPodRange holds every node's pod subnet (10.88.<node index>.0/24).
 	clusterPodRange = "10.88.0.0/16"
+	// clusterDNSIP is the kube-dns Service's cluster IP, the pods' resolver.
+	clusterDNSIP = "10.96.0.10"
 	// cocoonNodeLabel is what deploy/runtimeclass.yaml schedules cocoon pods onto.
 	cocoonNodeLabel = "cocoonstack.io/runtime=cocoon-cri"
 )
@@ -158,6 +160,8 @@ func startCluster(nodes []*clusterNode) *cluster {
 	c.run(n, "kube-scheduler", bins.kubeScheduler, "--kubeconfig", scheduler,
 		"--leader-elect=false", "--bind-address", "127.0.0.1", "--profiling=false")
 
+	c.startDNS(c.writeKubeconfig("coredns", inNode, pki.ca, pki.tokens["coredns"]))
+
 	for _, cn := range nodes {
 		server := onFabric
 		if cn.index == 0 {
@@ -166,7 +170,7 @@ func startCluster(nodes []*clusterNode) *cluster {
 		cn.kubelet = cn.n.startKubeletWith(kubeletOptions{
 			name:       cn.name,
 			kubeconfig: c.writeKubeconfig("kubelet-"+cn.name, server, pki.ca, pki.tokens["kubelet-"+cn.name]),
-			nodeIP:     cn.ip(), labels: cocoonNodeLabel, cgroupRoot: cn.cgroupRoot,
+			nodeIP:     cn.ip(), labels: cocoonNodeLabel, cgroupRoot: cn.cgroupRoot, clusterDNS: clusterDNSIP,
 		})
 		c.startKubeProxy(cn, c.writeKubeconfig("kube-proxy-"+cn.name, server, pki.ca, pki.tokens["kube-proxy"]))
 	}
@@ -193,6 +197,78 @@ func startCluster(nodes []*clusterNode) *cluster {
 		return err
 	})
 	return c
+}
+
+// clusterDNSObjects give CoreDNS what it reads (the bootstrap roles have nothing for it), and
+// make it the kube-dns Service: a Service without a selector, whose one endpoint is CoreDNS on the
+// first node's fabric address, where every node's pods reach it through kube-proxy.
+var clusterDNSObjects = `apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: "system:coredns"}
+rules:
+- apiGroups: [""]
+  resources: [services, namespaces]
+  verbs: [list, watch]
+- apiGroups: [discovery.k8s.io]
+  resources: [endpointslices]
+  verbs: [list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "system:coredns"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "system:coredns"}
+subjects:
+- {apiGroup: rbac.authorization.k8s.io, kind: User, name: "system:coredns"}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: kube-dns, namespace: kube-system, labels: {k8s-app: kube-dns}}
+spec:
+  clusterIP: ` + clusterDNSIP + `
+  ports:
+  - {name: dns, port: 53, protocol: UDP}
+  - {name: dns-tcp, port: 53, protocol: TCP}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: kube-dns-coredns
+  namespace: kube-system
+  labels: {kubernetes.io/service-name: kube-dns}
+addressType: IPv4
+endpoints:
+- addresses: [` + fabricAddress(0) + `]
+ports:
+- {name: dns, port: 53, protocol: UDP}
+- {name: dns-tcp, port: 53, protocol: TCP}
+`
+
+// startDNS runs CoreDNS (bin/coredns: the kubernetes plugin and little else) on the first node,
+// serving cluster.local from the API server, and waits until it has read the API.
+func (c *cluster) startDNS(kubeconfig string) {
+	c.n.t.Helper()
+	c.waitFor("the cluster DNS objects", func() error {
+		_, err := c.kubectlStdin(clusterDNSObjects, "apply", "-f", "-")
+		return err
+	})
+	corefile := filepath.Join(c.dir, "Corefile")
+	data := fmt.Sprintf(`. {
+    errors
+    health 127.0.0.1:8080
+    ready 127.0.0.1:8181
+    kubernetes cluster.local in-addr.arpa ip6.arpa {
+        kubeconfig %s
+        pods insecure
+    }
+    cache 30
+    loadbalance
+}
+`, kubeconfig)
+	if err := os.WriteFile(corefile, []byte(data), 0o600); err != nil {
+		c.n.t.Fatal(err)
+	}
+	c.run(c.n, "coredns", bins.coreDNS, "-conf", corefile, "-dns.port", "53")
+	c.waitFor("CoreDNS's readiness", func() error { return httpOK(c.n, "http://127.0.0.1:8181/ready") })
 }
 
 // startKubeProxy runs kube-proxy in iptables mode in the node's namespace. Its conntrack settings
@@ -449,6 +525,7 @@ func (c *cluster) writePKI(nodes []string) clusterPKI {
 		{"controller-manager", "system:kube-controller-manager", "system:masters"},
 		{"scheduler", "system:kube-scheduler", "system:masters"},
 		{"kube-proxy", "system:kube-proxy", ""},
+		{"coredns", "system:coredns", ""},
 	}
 	for _, name := range nodes {
 		identities = append(identities, struct{ name, user, groups string }{"kubelet-" + name, "system:node:" + name, "system:nodes"})
@@ -534,8 +611,14 @@ func (c *cluster) waitFor(what string, ready func() error) {
 
 // kubectl runs bin/kubectl on the host with the administrator's kubeconfig.
 func (c *cluster) kubectl(args ...string) (string, error) {
+	return c.kubectlStdin("", args...)
+}
+
+// kubectlStdin is kubectl with stdin.
+func (c *cluster) kubectlStdin(stdin string, args ...string) (string, error) {
 	cmd := exec.Command(bins.kubectl, args...)
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+c.kubeconfig)
+	cmd.Stdin = strings.NewReader(stdin)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

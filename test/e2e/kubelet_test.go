@@ -56,6 +56,9 @@ type kubeletOptions struct {
 	// cgroupRoot turns cgroupsPerQOS on under this cgroup, which must exist in every hierarchy:
 	// the kubelet makes its kubepods tree there, each pod's cgroup in it.
 	cgroupRoot string
+	// clusterDNS is the cluster's DNS Service address, given to pods as their resolver, with
+	// cluster.local as their domain.
+	clusterDNS string
 }
 
 func (n *node) startKubeletWith(opts kubeletOptions) *kubelet {
@@ -72,6 +75,9 @@ func (n *node) startKubeletWith(opts kubeletOptions) *kubelet {
 	cgroups := "cgroupsPerQOS: false\nenforceNodeAllocatable: []"
 	if opts.cgroupRoot != "" {
 		cgroups = "cgroupsPerQOS: true\ncgroupRoot: " + opts.cgroupRoot + "\nenforceNodeAllocatable: [pods]"
+	}
+	if opts.clusterDNS != "" {
+		cgroups += "\nclusterDNS: [" + opts.clusterDNS + "]\nclusterDomain: cluster.local"
 	}
 	config := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration

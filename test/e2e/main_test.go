@@ -20,7 +20,7 @@ var bins struct {
 	// hundreds of restarts are CPU-bound, and the race build costs a third more there.
 	cocoonCRIPlain string
 	// The control plane of the cluster tests.
-	etcd, kubeAPIServer, kubeControllerManager, kubeScheduler, kubeProxy, kubectl string
+	etcd, kubeAPIServer, kubeControllerManager, kubeScheduler, kubeProxy, coreDNS, kubectl string
 }
 
 func TestMain(m *testing.M) {
@@ -80,7 +80,7 @@ func run(m *testing.M) int {
 	tools := map[*string]string{
 		&bins.crictl: "crictl", &bins.critest: "critest", &bins.kubelet: "kubelet",
 		&bins.etcd: "etcd", &bins.kubeAPIServer: "kube-apiserver", &bins.kubeControllerManager: "kube-controller-manager",
-		&bins.kubeScheduler: "kube-scheduler", &bins.kubeProxy: "kube-proxy", &bins.kubectl: "kubectl",
+		&bins.kubeScheduler: "kube-scheduler", &bins.kubeProxy: "kube-proxy", &bins.coreDNS: "coredns", &bins.kubectl: "kubectl",
 	}
 	for path, name := range tools {
 		tool := filepath.Join(toolDir, name)

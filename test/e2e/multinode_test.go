@@ -94,9 +94,9 @@ func httpGetWithNC(k kubectlUser, pod, hostport string) (string, error) {
 }
 
 // TestClusterOfTwoNodes: hack/cluster.sh up --nodes 2 brings up two nodes joined by one network,
-// with kube-proxy on each and a registry both pull from. An ordinary pod on the first node reaches
-// a VM pod on the second by pod IP and through a ClusterIP Service, and the VM pod reaches it
-// back. A VM pod hibernated when idle wakes on a request through its Service from the other
+// with kube-proxy on each, CoreDNS, and a registry both pull from. An ordinary pod on the first
+// node reaches a VM pod on the second by pod IP and through a ClusterIP Service, and the VM pod
+// reaches it back; both resolve the Service's name. A VM pod hibernated when idle wakes on a request through its Service from the other
 // node. An OCI VM image pushed once to the registry runs on both nodes. A VM pod moves: it is
 // checkpointed on the first node through the kubelet's API, the archive pushed with cocoon-cri
 // image push, and a pod of it on the second node resumes the guest's memory with an identity of
@@ -137,6 +137,17 @@ func TestClusterOfTwoNodes(t *testing.T) {
 		}
 		return err
 	})
+
+	// Cluster DNS: CoreDNS on the first node answers for the Service, to an ordinary pod there and
+	// to the VM pod on the other node (whose guest has the kubelet's resolver and search path).
+	for _, pod := range []string{"client", "web"} {
+		if out, err := k.run(nil, "exec", pod, "--", "nslookup", "web.default.svc.cluster.local"); err != nil || !strings.Contains(out, "Address: "+serviceIP) {
+			t.Errorf("the Service's name from %s: %q %v", pod, out, err)
+		}
+	}
+	if out := k.must("exec", "web", "--", "cat", "/etc/resolv.conf"); !strings.Contains(out, "nameserver "+clusterDNSIP) || !strings.Contains(out, "search default.svc.cluster.local svc.cluster.local cluster.local") {
+		t.Errorf("the VM pod's resolv.conf: %q", out)
+	}
 
 	// A VM pod that hibernates when idle wakes on its first packet, here one a Service on the
 	// other node sent on.
