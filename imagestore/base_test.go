@@ -49,7 +49,7 @@ func TestSnapshotBasesComeWithThePull(t *testing.T) {
 
 	// A base that names no registry (the default, an imported image's name) is not looked for.
 	push("snap/local:v1", testimage.SnapshotOptions{Name: "local"})
-	if img, err := n.svc.Pull(ctx, reg.ref("snap/local:v1"), creds); err != nil || img.Snapshot.BaseImage != "cocoon-sim/guest:latest" {
+	if img, err := n.svc.Pull(ctx, reg.ref("snap/local:v1"), creds); err != nil || img.Snapshot.BaseImage != testimage.DefaultBaseImage {
 		t.Fatalf("pull of a snapshot of a local base: %+v, %v", img, err)
 	}
 

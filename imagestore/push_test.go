@@ -155,7 +155,7 @@ func TestPushMatchesEpochsFormat(t *testing.T) {
 	if cow.SparseMap == "" || cow.SparseSize != 10<<30 || cow.Mode != 0o600 {
 		t.Fatalf("cow.raw's record %+v", cow)
 	}
-	if cfg.CPU != 2 || cfg.Memory != 512<<20 || cfg.Storage != 10<<30 || cfg.Image != "cocoon-sim/guest:latest" ||
+	if cfg.CPU != 2 || cfg.Memory != 512<<20 || cfg.Storage != 10<<30 || cfg.Image != testimage.DefaultBaseImage ||
 		!strings.HasPrefix(cfg.ImageDigest, "sha256:") || cfg.Hypervisor != cocoon.HypervisorCloudHypervisor ||
 		cfg.NICs != 1 || cfg.Description != "epoch" || cfg.ImageType != cocoon.ImageTypeOCI || len(cfg.ImageBlobIDs) != 1 {
 		t.Fatalf("config %+v", cfg)

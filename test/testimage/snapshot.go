@@ -43,7 +43,7 @@ type SnapshotOptions struct {
 	// ImageType is cocoon.ImageTypeOCI (default: direct boot, PTY console) or
 	// cocoon.ImageTypeCloudImg (UEFI, serial console socket). Firecracker snapshots are OCI only.
 	ImageType string
-	// Image is the image reference recorded in the snapshot; default "cocoon-sim/guest:latest".
+	// Image is the image reference recorded in the snapshot; default DefaultBaseImage.
 	Image string
 	// ImageDigest is the base image's digest recorded in the snapshot; default one derived from
 	// Image, which is also the base files' name (InstallBaseFiles).
@@ -81,13 +81,19 @@ func (o SnapshotOptions) withDefaults() SnapshotOptions {
 		o.ImageType = cocoon.ImageTypeOCI
 	}
 	if o.Image == "" {
-		o.Image = "cocoon-sim/guest:latest"
+		o.Image = DefaultBaseImage
 	}
 	if o.RootDir == "" {
 		o.RootDir = "/var/lib/cocoon"
 	}
 	return o
 }
+
+// DefaultBaseImage is the base a snapshot records unless told otherwise: the name of an imported
+// image, which no registry serves. Its upper case makes it no valid reference, so cocoon's
+// `vm clone --pull` gives up on it at once, as on any imported base whose files are on the node,
+// instead of asking Docker Hub for it (which, with no network, takes seconds of retries).
+const DefaultBaseImage = "Cocoon-Sim/Guest:latest"
 
 // baseFiles are the shared files a clone of the snapshot needs on the host.
 type baseFiles struct {
