@@ -65,7 +65,7 @@ fmt-check:
 
 # Every test, with the race detector. The end-to-end suites drive bin/crictl, bin/critest,
 # bin/kubelet and kubectl (hack/cluster.sh) against cocoon-cri on the simulator, with
-# bin/containerd as the passthrough runtime. They take 17 to 20 minutes on a 2-core machine with
+# bin/containerd as the passthrough runtime. They take 20 to 25 minutes on a 2-core machine with
 # the tools built; the timeout leaves room for a slow day within CI's 90.
 test: setup tools fmt-check vet
 	COCOON_CRI_BIN=$(BIN) $(GO) test -race -count=1 -timeout 60m ./...

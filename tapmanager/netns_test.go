@@ -6,23 +6,15 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
-)
 
-func requireRoot(t testing.TB) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("network namespace tests need root, and CI runs as root")
-		}
-		t.Skip("needs root to create network namespaces")
-	}
-}
+	"github.com/cocoonstack/cocoon-cri/test/testproc"
+)
 
 // nsfsMagic is the statfs type of a namespace file (NSFS_MAGIC).
 const nsfsMagic = 0x6e736673
 
 func TestCreateAndRemoveNetNS(t *testing.T) {
-	requireRoot(t)
+	testproc.RequireRoot(t, "a network namespace")
 	n := &NetNS{Dir: filepath.Join(t.TempDir(), "netns")}
 	path := n.NetNSPath("0123456789abcdef0123456789abcdef")
 	if filepath.Base(path) != "cocoon-cri-0123456789abcdef" {
@@ -66,7 +58,7 @@ func TestCreateAndRemoveNetNS(t *testing.T) {
 }
 
 func TestNamespacesAreDistinct(t *testing.T) {
-	requireRoot(t)
+	testproc.RequireRoot(t, "a network namespace")
 	n := &NetNS{Dir: t.TempDir()}
 	a, b := n.NetNSPath("aaaaaaaaaaaaaaaaaaaa"), n.NetNSPath("bbbbbbbbbbbbbbbbbbbb")
 	for _, p := range []string{a, b} {

@@ -14,6 +14,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
 // debianPlugins is where Debian's containernetworking-plugins installs the reference plugins.
@@ -32,7 +34,7 @@ type testNetwork struct {
 
 func newTestNetwork(t *testing.T, subnet string) *testNetwork {
 	t.Helper()
-	requireRoot(t)
+	testproc.RequireRoot(t, "a network namespace")
 	if _, err := os.Stat(filepath.Join(debianPlugins, "bridge")); err != nil {
 		t.Fatalf("Debian's CNI plugins are missing (hack/setup.sh installs containernetworking-plugins): %v", err)
 	}

@@ -12,12 +12,13 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/vmstats"
+	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
 // podNamespaceWithInterface makes a pod namespace holding an interface named like the pod's.
 func podNamespaceWithInterface(t testing.TB) (*NetNS, string) {
 	t.Helper()
-	requireRoot(t)
+	testproc.RequireRoot(t, "a network namespace")
 	n := &NetNS{Dir: filepath.Join(t.TempDir(), "netns")}
 	path := n.NetNSPath("0123456789abcdef0123456789abcdef")
 	if err := n.CreateNetNS(path); err != nil {

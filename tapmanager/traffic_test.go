@@ -11,6 +11,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/net/bpf"
+
+	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
 // frame builds an Ethernet frame of the given type with payload bytes at their offsets after the
@@ -80,7 +82,7 @@ func TestTrafficFilterCountsUseNotNeighbourProtocols(t *testing.T) {
 // A watch on an interface without an address, as the pod interface is in a VM's namespace: an ARP
 // request for the pod's address ends a wait, and an IPv4 packet is counted.
 func TestTrafficWatchOnARealInterface(t *testing.T) {
-	requireRoot(t)
+	testproc.RequireRoot(t, "a network namespace")
 	nets := &NetNS{Dir: filepath.Join(t.TempDir(), "netns")}
 	vmNS, peerNS := filepath.Join(nets.Dir, "vm"), filepath.Join(nets.Dir, "peer")
 	for _, p := range []string{vmNS, peerNS} {

@@ -12,11 +12,13 @@ import (
 
 	"github.com/cocoonstack/cocoon-cri/pkg/guestvolume"
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
+	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
 // The share holds a bind of each volume, read-only where the mount is; taking it down undoes the
 // binds and removes only cocoon-cri's own directories, never a volume's files.
 func TestShareBindsAndTakeDown(t *testing.T) {
+	testproc.RequireRoot(t, "a bind mount")
 	rw, ro := t.TempDir(), t.TempDir()
 	if err := os.WriteFile(filepath.Join(ro, "key"), []byte("v1"), 0o644); err != nil {
 		t.Fatal(err)

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
 // AddPCIDevice makes PCI device bdf, bound to driver (none when empty), a member of IOMMU group
@@ -42,6 +44,7 @@ func AddPCIDevice(t testing.TB, root, group, bdf, driver string) {
 // returns its path. Its numbers are /dev/null's: nothing ever opens it.
 func GroupNode(t testing.TB, dir, name string) string {
 	t.Helper()
+	testproc.RequireRoot(t, "a character device node")
 	if err := os.MkdirAll(filepath.Join(dir, "vfio"), 0o755); err != nil {
 		t.Fatal(err)
 	}
