@@ -27,6 +27,7 @@ all: build
 build: cocoon-cri
 	$(GO) build -o $(BIN)/cocoon-sim ./test/cocoonsim/cmd/cocoon-sim
 	$(GO) build -o $(BIN)/mktestimage ./test/cmd/mktestimage
+	$(GO) build -o $(BIN)/cocoon-cluster ./test/cmd/cocoon-cluster
 
 # The daemon alone: what install and release ship.
 cocoon-cri:

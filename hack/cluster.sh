@@ -45,17 +45,16 @@ up() {
   fi
   rm -rf "$dir"
   mkdir -p "$dir"
-  # COCOON_CLUSTER_SERVER: an end-to-end test binary already built (the tests pass their own).
+  # The cluster is test/cmd/cocoon-cluster, the end-to-end tests' harness as a program (make
+  # build builds it beside cocoon-cri and the simulator, which it runs); COCOON_CLUSTER_SERVER is
+  # one already built (the tests pass their own, beside their race-built cocoon-cri). It serves
+  # until SIGTERM, in a session of its own, so the terminal's ^C does not reach it.
   server=${COCOON_CLUSTER_SERVER:-}
   if [ -z "$server" ]; then
     make -s setup build tools
-    go test -c -o "$dir/e2e.test" ./test/e2e
-    server=$dir/e2e.test
+    server=$PWD/bin/cocoon-cluster
   fi
-  # The cluster is the end-to-end tests' node and control plane, served until SIGTERM; a session
-  # of its own, so the terminal's ^C does not reach it.
-  COCOON_CLUSTER_SERVE_DIR=$dir COCOON_CLUSTER_NODES=$nodes setsid "$server" -test.run '^TestServeCluster$' -test.v -test.timeout 0 \
-    </dev/null >"$dir/cluster.log" 2>&1 &
+  setsid "$server" --dir "$dir" --nodes "$nodes" </dev/null >"$dir/cluster.log" 2>&1 &
   echo $! >"$dir/pid"
   for _ in $(seq 600); do
     [ -f "$dir/env" ] && break

@@ -15,7 +15,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"testing"
 	"time"
 
 	"google.golang.org/grpc"
@@ -56,7 +55,7 @@ type Options struct {
 
 // Daemon is a running (or killed) containerd.
 type Daemon struct {
-	t       testing.TB
+	t       testproc.TB
 	opts    Options
 	config  string
 	logFile string
@@ -70,7 +69,7 @@ type Daemon struct {
 
 // Start writes containerd's configuration, starts it, waits until its CRI service answers and
 // imports the busybox and pause images. The test's cleanup stops it and whatever it started.
-func Start(t testing.TB, opts Options) *Daemon {
+func Start(t testproc.TB, opts Options) *Daemon {
 	t.Helper()
 	if opts.Dir == "" || opts.NetNS == "" || opts.CNIConfDir == "" {
 		t.Fatal("containerdtest: Dir, NetNS and CNIConfDir are required")
@@ -279,7 +278,7 @@ func (d *Daemon) removePods() error {
 	})
 }
 
-func defaultBinDir(t testing.TB) string {
+func defaultBinDir(t testproc.TB) string {
 	if dir := os.Getenv("COCOON_CRI_BIN"); dir != "" {
 		return dir
 	}

@@ -35,7 +35,7 @@ func TestBenchmarkCheckpoint(t *testing.T) {
 	var whole, save, restore, restoredStart, plainStart []time.Duration
 	var size int64
 	for i := range checkpointRuns {
-		dir := filepath.Join(n.dir, fmt.Sprintf("ckpt-%d", i))
+		dir := filepath.Join(n.Dir, fmt.Sprintf("ckpt-%d", i))
 		if err := os.Mkdir(dir, 0o700); err != nil {
 			t.Fatal(err)
 		}

@@ -41,7 +41,7 @@ func TestBenchmarkConcurrentStarts(t *testing.T) {
 	defer cancel()
 
 	before := n.scrapeMetrics()
-	cpuBefore, daemonBefore := readCPUTimes(t), processCPU(t, n.daemon.PID())
+	cpuBefore, daemonBefore := readCPUTimes(t), processCPU(t, n.Daemon.PID())
 	running := make([]time.Duration, concurrentPods)
 	errs := make([]error, concurrentPods)
 	var wg sync.WaitGroup
@@ -58,7 +58,7 @@ func TestBenchmarkConcurrentStarts(t *testing.T) {
 	close(go1)
 	wg.Wait()
 	all := time.Since(start)
-	cpu, daemonCPU := readCPUTimes(t).since(cpuBefore), processCPU(t, n.daemon.PID())-daemonBefore
+	cpu, daemonCPU := readCPUTimes(t).since(cpuBefore), processCPU(t, n.Daemon.PID())-daemonBefore
 	if err := errors.Join(errs...); err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/cocoonstack/cocoon-cri/pkg/metrics"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
 	containerdtest "github.com/cocoonstack/cocoon-cri/test/containerd"
+	"github.com/cocoonstack/cocoon-cri/test/harness"
 )
 
 // Node scale of the scale benchmark: pods in all, and how many of them run a container.
@@ -123,7 +124,7 @@ var scaleRPCs = []struct {
 func TestBenchmarkScale(t *testing.T) {
 	out := benchDir(t)
 	pods, running := scaleSize(t)
-	cgroups := testCgroupParent(t) // removed after the node, registered before it
+	cgroups := harness.CgroupParent(t) // removed after the node, registered before it
 	// The VMs run the simulator's null guest (benchmark mode): cocoon-cri's figures, not the load of
 	// fifty simulated guests on the same two cores.
 	var extra []string
@@ -132,20 +133,20 @@ func TestBenchmarkScale(t *testing.T) {
 		extra = []string{"--metrics-addr", "127.0.0.1:0", "--profiling"}
 	}
 	n := prepareNode(t, []string{guest.FixedLatencyEnv + "=1ms"}, extra...)
-	n.writeNetworkConfig(scaleSubnet, nodeGateway) // both runtimes' pods draw from the node's one address pool
+	n.WriteNetworkConfig(scaleSubnet, harness.NodeGateway) // both runtimes' pods draw from the node's one address pool
 	ctrd := containerdtest.Start(t, containerdtest.Options{
-		Dir: filepath.Join(n.dir, "containerd"), NetNS: n.nodeNS, CNIConfDir: n.cniConf, CNIBinDirs: []string{"/usr/lib/cni"},
+		Dir: filepath.Join(n.Dir, "containerd"), NetNS: n.NodeNS, CNIConfDir: n.CNIConf, CNIBinDirs: []string{"/usr/lib/cni"},
 	})
-	n.start()
+	n.Start()
 	n.withSnapshot()
 	busybox, _ := ctrd.Images()
 	runtimes := []scaleRuntime{
-		{name: "cocoon-cri", endpoint: "unix://" + n.socket, handler: "cocoon", image: snapRef, pid: n.daemon.PID()},
+		{name: "cocoon-cri", endpoint: "unix://" + n.Socket, handler: "cocoon", image: snapRef, pid: n.Daemon.PID()},
 		{name: "containerd", endpoint: ctrd.Endpoint(), image: busybox, command: []string{"sleep", "3600"}, pid: ctrd.PID()},
 	}
 	if profiling {
 		runtimes[0].profile = func(seconds int) ([]byte, error) {
-			code, body, err := n.httpGetInNode(fmt.Sprintf("http://%s%sprofile?seconds=%d", n.metricsAddr(), metrics.ProfilingPath, seconds))
+			code, body, err := n.HTTPGetInNode(fmt.Sprintf("http://%s%sprofile?seconds=%d", n.metricsAddr(), metrics.ProfilingPath, seconds))
 			if err == nil && code != http.StatusOK {
 				err = fmt.Errorf("profile: HTTP %d: %s", code, body)
 			}

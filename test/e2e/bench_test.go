@@ -80,10 +80,10 @@ func benchMedians(t *testing.T, dir string) map[string]time.Duration {
 func TestBenchmarkPassthrough(t *testing.T) {
 	out := benchDir(t)
 	n, ctrd := newPassthroughNode(t, containerdtest.Options{})
-	n.start()
+	n.Start()
 	runs := map[string][]map[string]time.Duration{}
 	for round := range 2 {
-		for _, r := range []struct{ endpoint, tag string }{{ctrd.Endpoint(), "containerd"}, {"unix://" + n.socket, "passthrough"}} {
+		for _, r := range []struct{ endpoint, tag string }{{ctrd.Endpoint(), "containerd"}, {"unix://" + n.Socket, "passthrough"}} {
 			runs[r.tag] = append(runs[r.tag], n.critestBenchmark(r.endpoint, fmt.Sprintf("%s-%d", r.tag, round)))
 		}
 	}
@@ -114,7 +114,7 @@ func TestBenchmarkPassthrough(t *testing.T) {
 		"through cocoon-cri, against one running pod of containerd (ms). Target: at most 1 ms added at p50.\n\n", calls)
 	b.WriteString("| RPC | containerd p50 | through p50 | added p50 | containerd p99 | through p99 |\n|---|---|---|---|---|---|\n")
 	worst := time.Duration(0)
-	for _, c := range rpcCosts(t, ctrd.Endpoint(), "unix://"+n.socket, podID, ctrID, calls) {
+	for _, c := range rpcCosts(t, ctrd.Endpoint(), "unix://"+n.Socket, podID, ctrID, calls) {
 		added := c.through[len(c.through)/2] - c.direct[len(c.direct)/2]
 		worst = max(worst, added)
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s |\n", c.rpc, ms(c.direct[calls/2]), ms(c.through[calls/2]), ms(added),
@@ -135,8 +135,8 @@ func TestBenchmarkPassthrough(t *testing.T) {
 // endpoint and returns each operation's median.
 func (n *node) critestBenchmark(endpoint, tag string, extraArgs ...string) map[string]time.Duration {
 	n.t.Helper()
-	params := n.writeFile("bench-params.yaml", []byte("containersNumber: 20\ncontainersNumberParallel: 1\npodsNumber: 20\npodsNumberParallel: 1\n"))
-	dir := filepath.Join(n.dir, "bench-"+tag)
+	params := n.WriteFile("bench-params.yaml", []byte("containersNumber: 20\ncontainersNumberParallel: 1\npodsNumber: 20\npodsNumberParallel: 1\n"))
+	dir := filepath.Join(n.Dir, "bench-"+tag)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		n.t.Fatal(err)
 	}
@@ -155,14 +155,14 @@ func (n *node) critestBenchmark(endpoint, tag string, extraArgs ...string) map[s
 func TestBenchmarkVMPods(t *testing.T) {
 	out := benchDir(t)
 	n, ctrd := newPassthroughNode(t, containerdtest.Options{})
-	n.start()
+	n.Start()
 	reg := n.registry(registry.Options{})
 	n.pushSnapshot(reg.Target(), "bench/busybox:1", "busybox", testimage.SnapshotOptions{Guest: guest.Spec{Busybox: true}}, registry.SnapshotPush{})
-	images := n.writeFile("bench-images.yaml", []byte(fmt.Sprintf("defaultTestContainerImage: %s/bench/busybox:1\n", reg.Host)))
+	images := n.WriteFile("bench-images.yaml", []byte(fmt.Sprintf("defaultTestContainerImage: %s/bench/busybox:1\n", reg.Host)))
 	runs := map[string][]map[string]time.Duration{}
 	for round := range 2 {
 		runs["containerd"] = append(runs["containerd"], n.critestBenchmark(ctrd.Endpoint(), fmt.Sprintf("runc-%d", round)))
-		runs["cocoon-cri"] = append(runs["cocoon-cri"], n.critestBenchmark("unix://"+n.socket, fmt.Sprintf("vm-%d", round),
+		runs["cocoon-cri"] = append(runs["cocoon-cri"], n.critestBenchmark("unix://"+n.Socket, fmt.Sprintf("vm-%d", round),
 			"--runtime-handler", "cocoon", "--test-images-file", images))
 	}
 	var ops []string

@@ -37,8 +37,8 @@ const (
 func TestBenchmarkWarmPool(t *testing.T) {
 	out := benchDir(t)
 	n, ctrd := newPassthroughNode(t, containerdtest.Options{}, "--warm-pool", pooledRef+"="+strconv.Itoa(poolPods))
-	n.start()
-	n.importImage(pooledRef, n.snapshotImage("pooled", testimage.SnapshotOptions{}))
+	n.Start()
+	n.ImportImage(pooledRef, n.SnapshotImage("pooled", testimage.SnapshotOptions{}))
 	n.withSnapshot()
 	rt, _ := n.clients()
 	conn, err := grpc.NewClient(ctrd.Endpoint(), grpc.WithTransportCredentials(insecure.NewCredentials()))

@@ -26,7 +26,7 @@ func TestCheckpointCarriesTheGuestToANewPod(t *testing.T) {
 	srcPod, src, _ := n.runningPod("src", snapRef)
 	n.mustCrictl("exec", src, "sh", "-c", "echo kept > /dev/shm/state")
 
-	archive := filepath.Join(n.dir, "src-checkpoint.tar")
+	archive := filepath.Join(n.Dir, "src-checkpoint.tar")
 	n.mustCrictl("checkpoint", "--export="+archive, src)
 	if info, err := os.Stat(archive); err != nil || info.Mode().Perm() != 0o600 {
 		t.Fatalf("archive: %v, %v", info, err)
@@ -39,7 +39,7 @@ func TestCheckpointCarriesTheGuestToANewPod(t *testing.T) {
 	// A second checkpoint to the same file is refused and leaves the first.
 	n.crictlFails("AlreadyExists", "checkpoint", "--export="+archive, src)
 
-	n.importImage("e2e/checkpoint:v1", archive)
+	n.ImportImage("e2e/checkpoint:v1", archive)
 	dstPod, dst, _ := n.runningPod("dst", "e2e/checkpoint:v1")
 	if out := n.mustCrictl("exec", dst, "sh", "-c", "cat /dev/shm/state; ls /dev/shm; hostname"); out != "kept\nstate\ndst" {
 		t.Fatalf("restored guest: %q, want its memory at the checkpoint and its own hostname", out)
@@ -56,7 +56,7 @@ func TestCheckpointCarriesTheGuestToANewPod(t *testing.T) {
 	n2.withSnapshot() // the node has the checkpoint's base image, as the fleet's nodes do
 	reg := n2.registry(registry.Options{})
 	ref := reg.Host + "/e2e/checkpoint:v1"
-	push := exec.Command("nsenter", "--net="+n2.nodeNS, "--", bins.cocoonCRI, "image", "push", archive, ref)
+	push := exec.Command("nsenter", "--net="+n2.NodeNS, "--", bins.CocoonCRI, "image", "push", archive, ref)
 	if out, err := push.CombinedOutput(); err != nil {
 		t.Fatalf("image push: %v: %s", err, out)
 	}
@@ -68,18 +68,18 @@ func TestCheckpointCarriesTheGuestToANewPod(t *testing.T) {
 
 	// cocoon-cri killed between the save and the export: once it is back, the VM runs and nothing
 	// of the checkpoint is left.
-	n.stop()
-	n.env = []string{faultpoint.EnvVar + "=cocoon snapshot export/before"}
-	n.start()
-	crashDir := filepath.Join(n.dir, "crash")
+	n.Stop()
+	n.Env = []string{faultpoint.EnvVar + "=cocoon snapshot export/before"}
+	n.Start()
+	crashDir := filepath.Join(n.Dir, "crash")
 	if err := os.Mkdir(crashDir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := n.crictl("checkpoint", "--export="+filepath.Join(crashDir, "src.tar"), src); err == nil || !n.died(10*time.Second) {
+	if out, err := n.crictl("checkpoint", "--export="+filepath.Join(crashDir, "src.tar"), src); err == nil || !n.Died(10*time.Second) {
 		t.Fatalf("checkpoint with a crash in it: %v %s; the daemon must have died at the export", err, out)
 	}
-	n.env = nil
-	n.start()
+	n.Env = nil
+	n.Start()
 	if out := n.mustCrictl("exec", src, "cat", "/dev/shm/state"); out != "kept" {
 		t.Fatalf("source guest after the crash: %q", out)
 	}
@@ -102,7 +102,7 @@ func TestRestorePodThroughTheCRI(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
-	dir := filepath.Join(n.dir, "pod-checkpoint")
+	dir := filepath.Join(n.Dir, "pod-checkpoint")
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -163,12 +163,12 @@ func readCheckpointMetadata(t *testing.T, path string) *checkpoint.Metadata {
 func TestCheckpointOnCocoon038(t *testing.T) {
 	n := oldCocoonNode(t)
 	_, src, _ := n.runningPod("old", snapRef)
-	archive := filepath.Join(n.dir, "old-checkpoint.tar")
+	archive := filepath.Join(n.Dir, "old-checkpoint.tar")
 	n.mustCrictl("checkpoint", "--export="+archive, src)
 	if md := readCheckpointMetadata(t, archive); md.CocoonVersion != "v0.3.8" || md.Container.Name != "app" {
 		t.Fatalf("checkpoint metadata %+v", md)
 	}
-	n.importImage("e2e/old-checkpoint:v1", archive)
+	n.ImportImage("e2e/old-checkpoint:v1", archive)
 	_, restored, _ := n.runningPod("old-restored", "e2e/old-checkpoint:v1")
 	if state := field(n.inspect("inspect", restored), "status", "state"); state != "CONTAINER_RUNNING" {
 		t.Fatalf("a pod of the checkpoint is %v", state)

@@ -206,9 +206,9 @@ func TestCrashSafety(t *testing.T) {
 			t.Run(sc.name, func(t *testing.T) {
 				t.Parallel()
 				n := newNode(t)
-				n.bin = bins.cocoonCRIPlain
+				n.Bin = bins.CocoonCRIPlain
 				n.withSnapshot()
-				n.importImage(cloudRef, n.cloudImage("cloud"))
+				n.ImportImage(cloudRef, n.cloudImage("cloud"))
 				points := n.tracePoints(sc)
 				for _, point := range points {
 					n.crashAt(sc, point)
@@ -231,14 +231,14 @@ func TestCrashSafety(t *testing.T) {
 // NAME#K (the K-th pass of NAME).
 func (n *node) tracePoints(sc crashScenario) []string {
 	n.t.Helper()
-	trace := filepath.Join(n.dir, "trace-"+sc.name)
-	n.stop()
-	n.env = []string{faultpoint.TraceEnvVar + "=" + trace}
-	n.start()
+	trace := filepath.Join(n.Dir, "trace-"+sc.name)
+	n.Stop()
+	n.Env = []string{faultpoint.TraceEnvVar + "=" + trace}
+	n.Start()
 	n.runScenario(sc, "trace", "")
-	n.stop()
-	n.env = nil
-	n.start()
+	n.Stop()
+	n.Env = nil
+	n.Start()
 	data, err := os.ReadFile(trace)
 	if err != nil {
 		n.t.Fatal(err)
@@ -258,11 +258,11 @@ func (n *node) tracePoints(sc crashScenario) []string {
 // crashAt runs the scenario with cocoon-cri set to die at point.
 func (n *node) crashAt(sc crashScenario, point string) {
 	n.t.Helper()
-	n.stop()
-	n.env = []string{faultpoint.EnvVar + "=" + point}
-	n.start()
+	n.Stop()
+	n.Env = []string{faultpoint.EnvVar + "=" + point}
+	n.Start()
 	n.runScenario(sc, strings.NewReplacer(" ", "-", "/", "-", "#", "-").Replace(point), point)
-	n.env = nil
+	n.Env = nil
 }
 
 // runScenario drives one pod life. When point is set the daemon must die in one of the steps;
@@ -282,14 +282,14 @@ func (n *node) runScenario(sc crashScenario, tag, point string) {
 		if err == nil {
 			continue
 		}
-		if point == "" || crashed || !n.died(5*time.Second) {
-			n.t.Fatalf("%s %s: step %s: %v\n%s", sc.name, point, step.name, err, n.log())
+		if point == "" || crashed || !n.Died(5*time.Second) {
+			n.t.Fatalf("%s %s: step %s: %v\n%s", sc.name, point, step.name, err, n.Log())
 		}
 		crashed = true
-		n.env = nil
-		n.start()
+		n.Env = nil
+		n.Start()
 		if err := step.retry(r); err != nil {
-			n.t.Fatalf("%s %s: the kubelet's retry of %s after the crash: %v\n%s", sc.name, point, step.name, err, n.log())
+			n.t.Fatalf("%s %s: the kubelet's retry of %s after the crash: %v\n%s", sc.name, point, step.name, err, n.Log())
 		}
 		n.checkConsistent(fmt.Sprintf("%s %s after %s", sc.name, point, step.name))
 	}
@@ -297,8 +297,8 @@ func (n *node) runScenario(sc crashScenario, tag, point string) {
 		// The point was passed after the last step answered (a background write, as the trace
 		// run saw it): the daemon still dies there, maybe late on a loaded machine, and a restart
 		// must find everything in order.
-		if n.died(30 * time.Second) {
-			n.start()
+		if n.Died(30 * time.Second) {
+			n.Start()
 		}
 	}
 	n.checkNothingLeft(fmt.Sprintf("%s %s", sc.name, point))
@@ -357,14 +357,14 @@ func (n *node) checkNothingLeft(when string) {
 
 // openLogFiles lists the container log files the daemon has open.
 func (n *node) openLogFiles() []string {
-	if n.daemon == nil {
+	if n.Daemon == nil {
 		return nil
 	}
-	fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", n.daemon.PID()))
+	fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", n.Daemon.PID()))
 	var open []string
 	for _, fd := range fds {
-		target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", n.daemon.PID(), fd.Name()))
-		if err == nil && strings.HasPrefix(target, n.podLogs) {
+		target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", n.Daemon.PID(), fd.Name()))
+		if err == nil && strings.HasPrefix(target, n.PodLogs) {
 			open = append(open, target)
 		}
 	}

@@ -28,7 +28,7 @@ var critestSummary = regexp.MustCompile(`(\d+) Passed \| (\d+) Failed`)
 // a focus that matches nothing must not pass silently.
 func (n *node) runCritest(focus, skip string, minPassed int, extraArgs ...string) int {
 	n.t.Helper()
-	out, err := n.critest("unix://"+n.socket, focus, skip, extraArgs...)
+	out, err := n.critest("unix://"+n.Socket, focus, skip, extraArgs...)
 	m := critestSummary.FindSubmatch(out)
 	if err != nil || m == nil {
 		n.t.Fatalf("critest --ginkgo.focus %q --ginkgo.skip %q: %v\n%s", focus, skip, err, out)
@@ -47,11 +47,11 @@ func (n *node) runCritest(focus, skip string, minPassed int, extraArgs ...string
 func (n *node) critest(endpoint, focus, skip string, extraArgs ...string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	args := []string{"--net=" + n.nodeNS, "--", bins.critest,
+	args := []string{"--net=" + n.NodeNS, "--", bins.Critest,
 		"--runtime-endpoint", endpoint, "--image-endpoint", endpoint,
 		"--ginkgo.focus", focus, "--ginkgo.skip", skip, "--ginkgo.no-color"}
 	cmd := exec.CommandContext(ctx, "nsenter", append(args, extraArgs...)...)
-	cmd.Dir = n.dir
+	cmd.Dir = n.Dir
 	return cmd.CombinedOutput()
 }
 
@@ -64,13 +64,13 @@ func (n *node) critest(endpoint, focus, skip string, extraArgs ...string) ([]byt
 // the VM pods must not notice.
 func TestCritestConformance(t *testing.T) {
 	n, _ := newPassthroughNode(t, containerdtest.Options{})
-	n.start()
+	n.Start()
 	reg := n.registry(registry.Options{})
 	n.pushSnapshot(reg.Target(), "critest/busybox:1", "busybox", testimage.SnapshotOptions{Guest: guest.Spec{Busybox: true}}, registry.SnapshotPush{})
 	n.pushSnapshot(reg.Target(), "critest/web:1", "web", testimage.SnapshotOptions{Guest: guest.Spec{Busybox: true, HTTPPort: 80}}, registry.SnapshotPush{})
-	images := n.writeFile("test-images.yaml", []byte(fmt.Sprintf(
+	images := n.WriteFile("test-images.yaml", []byte(fmt.Sprintf(
 		"defaultTestContainerImage: %s/critest/busybox:1\nwebServerTestImage: %s/critest/web:1\n", reg.Host, reg.Host)))
-	report := filepath.Join(n.dir, "critest-report.json")
+	report := filepath.Join(n.Dir, "critest-report.json")
 	n.runCritest("", critestSkips(t), 38, "--runtime-handler", "cocoon", "--test-images-file", images,
 		"--ginkgo.json-report", report)
 	for _, g := range critestGroups(t, report) {

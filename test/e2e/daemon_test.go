@@ -26,18 +26,18 @@ func TestDaemonSurvivesSIGKILL(t *testing.T) {
 	_, ctrID, _ := n.runningPod("web", snapRef)
 	pid := n.vmPID(ctrID)
 
-	n.kill()
-	if _, err := os.Lstat(n.socket); err != nil {
+	n.Kill()
+	if _, err := os.Lstat(n.Socket); err != nil {
 		t.Fatalf("the killed daemon left no socket to replace: %v", err)
 	}
 	if !testproc.Running(pid) {
 		t.Fatal("the VM died with cocoon-cri")
 	}
-	n.start()
+	n.Start()
 	if st := field(n.inspect("inspect", ctrID), "status", "state"); st != "CONTAINER_RUNNING" {
 		t.Fatalf("after restart: %v", st)
 	}
-	info, err := os.Stat(n.socket)
+	info, err := os.Stat(n.Socket)
 	if err != nil || info.Mode().Perm() != 0o660 {
 		t.Fatalf("socket %v, %v", info, err)
 	}
@@ -48,10 +48,10 @@ func TestDaemonSurvivesSIGKILL(t *testing.T) {
 func TestSecondDaemonRefusesTheSameSocketAndState(t *testing.T) {
 	n := newNode(t)
 	for name, args := range map[string][]string{
-		"socket": {"--socket", n.socket, "--state-dir", n.dir + "/other-state"},
-		"state":  {"--socket", n.dir + "/other.sock", "--state-dir", n.stateDir},
+		"socket": {"--socket", n.Socket, "--state-dir", n.Dir + "/other-state"},
+		"state":  {"--socket", n.Dir + "/other.sock", "--state-dir", n.StateDir},
 	} {
-		out, err := exec.Command(bins.cocoonCRI, append(args, "--cocoon-binary", bins.cocoonSim)...).CombinedOutput()
+		out, err := exec.Command(bins.CocoonCRI, append(args, "--cocoon-binary", bins.CocoonSim)...).CombinedOutput()
 		if err == nil {
 			t.Fatalf("a second daemon on the same %s started", name)
 		}
@@ -63,12 +63,12 @@ func TestSecondDaemonRefusesTheSameSocketAndState(t *testing.T) {
 }
 
 func TestVersionAndBadFlags(t *testing.T) {
-	out, err := exec.Command(bins.cocoonCRI, "--version").CombinedOutput()
+	out, err := exec.Command(bins.CocoonCRI, "--version").CombinedOutput()
 	if err != nil || !strings.HasPrefix(string(out), "cocoon-cri ") {
 		t.Fatalf("--version: %s, %v", out, err)
 	}
 	for _, args := range [][]string{{"--log-level", "loud"}, {"--log-format", "xml"}, {"--cocoon-timeout", "-1s"}, {"--max-cocoon-calls", "-1"}} {
-		out, err := exec.Command(bins.cocoonCRI, args...).CombinedOutput()
+		out, err := exec.Command(bins.CocoonCRI, args...).CombinedOutput()
 		if err == nil || !strings.Contains(string(out), args[0]) {
 			t.Errorf("%v: %s, %v", args, out, err)
 		}
@@ -77,7 +77,7 @@ func TestVersionAndBadFlags(t *testing.T) {
 	if err := os.WriteFile(notADir, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	out, err = exec.Command(bins.cocoonCRI, "--socket", notADir+"/cri.sock", "--state-dir", t.TempDir()).CombinedOutput()
+	out, err = exec.Command(bins.CocoonCRI, "--socket", notADir+"/cri.sock", "--state-dir", t.TempDir()).CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "socket dir") {
 		t.Errorf("a socket under a regular file: %s, %v", out, err)
 	}
@@ -106,10 +106,10 @@ func TestRuntimeReadyFollowsCocoon(t *testing.T) {
 func TestRecoveryRollsBackAnInterruptedRunPodSandbox(t *testing.T) {
 	n := newNode(t)
 	pod := n.podConfig("web", "uid-web")
-	n.stop()
+	n.Stop()
 	id := n.plantHalfMadeSandbox(pod, nil)
 
-	n.start()
+	n.Start()
 	if ns := n.netns(); len(ns) != 0 {
 		t.Fatalf("the half-made sandbox's namespace survived: %v", ns)
 	}
@@ -129,17 +129,17 @@ func TestStartupServesDespiteAFailingRollback(t *testing.T) {
 	plugins := t.TempDir()
 	n := newNode(t, "--cni-bin-dir", plugins)
 	pod := n.podConfig("web", "uid-web")
-	n.stop()
+	n.Stop()
 	// Added to a network whose plugin the node does not have (yet): its DEL fails.
 	n.plantHalfMadeSandbox(pod, &store.PodNetwork{ConfList: json.RawMessage(`{"cniVersion": "1.0.0", "name": "gone", "plugins": [{"type": "e2e-late-plugin"}]}`)})
 
-	n.start()
+	n.Start()
 	if out := n.mustCrictl("version"); !strings.Contains(out, "cocoon-cri") {
 		t.Fatalf("crictl version: %q", out)
 	}
 	n.crictlFails("AlreadyExists", "runp", "--runtime", "cocoon", n.configFile("pod.json", pod))
-	if !strings.Contains(n.log(), "retrying in the background") {
-		t.Fatalf("the failed roll-back is not reported:\n%s", n.log())
+	if !strings.Contains(n.Log(), "retrying in the background") {
+		t.Fatalf("the failed roll-back is not reported:\n%s", n.Log())
 	}
 
 	// The plugin appears; the next try deletes the network and the record.
@@ -149,7 +149,7 @@ func TestStartupServesDespiteAFailingRollback(t *testing.T) {
 	deadline := time.Now().Add(2 * time.Minute)
 	for len(n.netns()) != 0 {
 		if time.Now().After(deadline) {
-			t.Fatalf("the roll-back was not retried: namespaces %v\n%s", n.netns(), n.log())
+			t.Fatalf("the roll-back was not retried: namespaces %v\n%s", n.netns(), n.Log())
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -158,7 +158,7 @@ func TestStartupServesDespiteAFailingRollback(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the pod's name is still taken after the roll-back\n%s", n.log())
+			t.Fatalf("the pod's name is still taken after the roll-back\n%s", n.Log())
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -171,8 +171,8 @@ func TestCorruptRecordIsQuarantinedAtStart(t *testing.T) {
 	n := newNode(t)
 	good := n.mustCrictl("runp", "--runtime", "cocoon", n.configFile("good.json", n.podConfig("good", "uid-good")))
 	bad := n.mustCrictl("runp", "--runtime", "cocoon", n.configFile("bad.json", n.podConfig("bad", "uid-bad")))
-	n.stop()
-	db, err := bolt.Open(filepath.Join(n.stateDir, "cocoon-cri.db"), 0o600, nil)
+	n.Stop()
+	db, err := bolt.Open(filepath.Join(n.StateDir, "cocoon-cri.db"), 0o600, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,15 +184,15 @@ func TestCorruptRecordIsQuarantinedAtStart(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	n.start()
+	n.Start()
 	if pods := n.mustCrictl("pods", "-q"); pods != good {
 		t.Fatalf("pods after the restart: %q, want only %s", pods, good)
 	}
 	if info := n.mustCrictl("info"); !strings.Contains(info, "quarantinedRecords") || !strings.Contains(info, bad) {
 		t.Fatalf("crictl info does not report the quarantined record:\n%s", info)
 	}
-	if !strings.Contains(n.log(), "quarantine") {
-		t.Fatalf("the quarantined record is not logged:\n%s", n.log())
+	if !strings.Contains(n.Log(), "quarantine") {
+		t.Fatalf("the quarantined record is not logged:\n%s", n.Log())
 	}
 }
 
@@ -201,11 +201,11 @@ func TestCorruptRecordIsQuarantinedAtStart(t *testing.T) {
 // namespace. It returns the sandbox's ID.
 func (n *node) plantHalfMadeSandbox(pod *runtimeapi.PodSandboxConfig, network *store.PodNetwork) string {
 	n.t.Helper()
-	st, err := store.Open(filepath.Join(n.stateDir, "cocoon-cri.db"))
+	st, err := store.Open(filepath.Join(n.StateDir, "cocoon-cri.db"))
 	if err != nil {
 		n.t.Fatal(err)
 	}
-	nets := &tapmanager.NetNS{Dir: n.netnsDir}
+	nets := &tapmanager.NetNS{Dir: n.NetnsDir}
 	id := strings.Repeat("c", 64)
 	half := &store.Sandbox{
 		ID: id, State: store.SandboxCreating, RuntimeHandler: "cocoon", NetNS: nets.NetNSPath(id), Network: network,

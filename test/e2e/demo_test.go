@@ -8,12 +8,14 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cocoonstack/cocoon-cri/test/harness"
 )
 
 // TestDemo runs the README's main job, hack/demo.sh, with the binaries under test: a change that
 // breaks what a new user runs first fails here.
 func TestDemo(t *testing.T) {
-	root, err := repoRoot()
+	root, err := harness.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -23,7 +25,7 @@ func TestDemo(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build mktestimage: %v\n%s", err, out)
 	}
-	for name, target := range map[string]string{"cocoon-cri": bins.cocoonCRI, "cocoon-sim": bins.cocoonSim, "crictl": bins.crictl} {
+	for name, target := range map[string]string{"cocoon-cri": bins.CocoonCRI, "cocoon-sim": bins.CocoonSim, "crictl": bins.Crictl} {
 		if err := os.Symlink(target, filepath.Join(bin, name)); err != nil {
 			t.Fatal(err)
 		}

@@ -58,7 +58,7 @@ func TestBlockDevicesReachTheGuest(t *testing.T) {
 	}
 
 	// A Firecracker VM, and a cocoon without vm disk attach, cannot take one.
-	n.importImage("e2e/fc:v1", n.snapshotImage("fc", fcSnapshot(guest.Spec{})))
+	n.ImportImage("e2e/fc:v1", n.SnapshotImage("fc", fcSnapshot(guest.Spec{})))
 	cfg := containerConfig("dev", "e2e/fc:v1")
 	cfg.Devices = []*runtimeapi.Device{{ContainerPath: "/dev/xvda", HostPath: disk, Permissions: "rw"}}
 	if msg := n.createRefused("fc", cfg); !strings.Contains(msg, "Firecracker") {
@@ -141,7 +141,7 @@ func TestVFIOGroupsReachTheVM(t *testing.T) {
 			t.Errorf("%s: %s", tc.name, msg)
 		}
 	}
-	n.importImage("e2e/fc:v1", n.snapshotImage("fc", fcSnapshot(guest.Spec{})))
+	n.ImportImage("e2e/fc:v1", n.SnapshotImage("fc", fcSnapshot(guest.Spec{})))
 	cfg = containerConfig("dev", "e2e/fc:v1")
 	gpu(cfg)
 	if msg := n.createRefused("fc", cfg); !strings.Contains(msg, "Firecracker") || !strings.Contains(msg, group7) {

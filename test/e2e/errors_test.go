@@ -35,7 +35,7 @@ func TestBadInputsAreRefusedAndChangeNothing(t *testing.T) {
 	n := newNode(t)
 	n.withSnapshot()
 	podID, ctrID, podFile := n.runningPod("web", snapRef)
-	ctrFile := n.dir + "/web-ctr.json"
+	ctrFile := n.Dir + "/web-ctr.json"
 	before := n.state()
 
 	variant := func(name string, change func(*runtimeapi.PodSandboxConfig)) string {

@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -17,6 +15,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
+	"github.com/cocoonstack/cocoon-cri/test/harness"
 	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
@@ -136,7 +135,7 @@ func TestStartupReconcile(t *testing.T) {
 	lostIP := n.podIP(lostPod)
 	crashedPID := n.vmPID(crashed)
 	if !leased(n, lostIP) {
-		t.Fatalf("no host-local lease of %s under %s", lostIP, n.ipamDir)
+		t.Fatalf("no host-local lease of %s under %s", lostIP, n.IPAMDir)
 	}
 
 	// One stream (after a restart of it, give its backoff a moment).
@@ -145,7 +144,7 @@ func TestStartupReconcile(t *testing.T) {
 			t.Fatalf("%d cocoon vm status streams run for the node, want 1", len(n.eventStreams()))
 		}
 	}
-	n.kill()
+	n.Kill()
 	// The event stream dies with cocoon-cri rather than linger.
 	for deadline := time.Now().Add(10 * time.Second); len(n.eventStreams()) != 0; time.Sleep(100 * time.Millisecond) {
 		if time.Now().After(deadline) {
@@ -155,7 +154,7 @@ func TestStartupReconcile(t *testing.T) {
 	if err := syscall.Kill(crashedPID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	st, err := store.Open(filepath.Join(n.stateDir, "cocoon-cri.db"))
+	st, err := store.Open(filepath.Join(n.StateDir, "cocoon-cri.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,12 +162,12 @@ func TestStartupReconcile(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	n.start()
+	n.Start()
 	if s := n.inspect("inspect", crashed)["status"].(map[string]any); s["state"] != "CONTAINER_EXITED" || s["reason"] != "VMCrashed" {
 		t.Fatalf("a container whose VM died while cocoon-cri was down: %v", s)
 	}
-	if !strings.Contains(n.log(), "orphan VM") {
-		t.Fatalf("the unclaimed VM was not reported:\n%s", n.log())
+	if !strings.Contains(n.Log(), "orphan VM") {
+		t.Fatalf("the unclaimed VM was not reported:\n%s", n.Log())
 	}
 	if _, err := n.vm(lostVM); err != nil {
 		t.Fatalf("the alert policy removed the orphan: %v", err)
@@ -182,9 +181,9 @@ func TestStartupReconcile(t *testing.T) {
 		t.Fatalf("the lost pod's IP %s is still leased", lostIP)
 	}
 
-	n.stop()
-	n.extra = append(n.extra, "--orphan-policy", "destroy")
-	n.start()
+	n.Stop()
+	n.Extra = append(n.Extra, "--orphan-policy", "destroy")
+	n.Start()
 	if _, err := n.vm(lostVM); err == nil {
 		t.Fatal("the destroy policy left the orphan VM")
 	}
@@ -193,7 +192,7 @@ func TestStartupReconcile(t *testing.T) {
 // leased reports whether host-local IPAM holds ip for some container.
 func leased(n *node, ip string) bool {
 	found := false
-	_ = filepath.WalkDir(n.ipamDir, func(path string, d fs.DirEntry, err error) error {
+	_ = filepath.WalkDir(n.IPAMDir, func(path string, d fs.DirEntry, err error) error {
 		if err == nil && !d.IsDir() && d.Name() == ip {
 			found = true
 		}
@@ -255,25 +254,7 @@ func TestFiftyPodsInParallel(t *testing.T) {
 
 // eventStreams lists the PIDs of cocoon vm status processes running on this node's cocoon dirs.
 func (n *node) eventStreams() []int {
-	return processesWhose(func(args string) bool {
-		return strings.Contains(args, n.rootDir+"\x00") && strings.Contains(args, "\x00status\x00--event")
+	return harness.ProcessesWhose(func(args string) bool {
+		return strings.Contains(args, n.RootDir+"\x00") && strings.Contains(args, "\x00status\x00--event")
 	})
-}
-
-// processesWhose lists the PIDs of the live processes whose command line (arguments joined by
-// NULs) matches.
-func processesWhose(match func(cmdline string) bool) []int {
-	var pids []int
-	procs, _ := os.ReadDir("/proc")
-	for _, p := range procs {
-		pid, err := strconv.Atoi(p.Name())
-		if err != nil {
-			continue
-		}
-		cmdline, _ := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
-		if match(string(cmdline)) && testproc.Running(pid) {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
 }

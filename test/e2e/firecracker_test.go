@@ -33,7 +33,7 @@ func TestFirecrackerSnapshotPod(t *testing.T) {
 			// v0.3.8 took Firecracker snapshots without a vsock device, and cannot move one.
 			snap := fcSnapshot(guest.Spec{})
 			snap.NoVsock = version == "0.3.8"
-			n.importImage(snapRef, n.snapshotImage("fc", snap))
+			n.ImportImage(snapRef, n.SnapshotImage("fc", snap))
 			checkFirecrackerPod(t, n, version == "0.5.1")
 		})
 	}
@@ -76,7 +76,7 @@ func checkFirecrackerPod(t *testing.T, n *node, agent bool) {
 	// typed now is echoed and answered through it.
 	n.typeAtConsole(ctrID, "typed-at-the-fc-console")
 	// The relay serves one session: a restarted cocoon-cri gets it once the old one is gone.
-	n.restart()
+	n.Restart()
 	n.typeAtConsole(ctrID, "after-the-restart")
 
 	n.mustCrictl("stop", "--timeout", "20", ctrID)
@@ -97,12 +97,12 @@ func checkFirecrackerPod(t *testing.T, n *node, agent bool) {
 // a pod of the checkpoint runs under Firecracker with its own identity.
 func checkFirecrackerCheckpoint(t *testing.T, n *node, ctrID string) {
 	t.Helper()
-	archive := filepath.Join(n.dir, "fc-checkpoint.tar")
+	archive := filepath.Join(n.Dir, "fc-checkpoint.tar")
 	n.mustCrictl("checkpoint", "--export="+archive, ctrID)
 	if md := readCheckpointMetadata(t, archive); md.Hypervisor != cocoon.HypervisorFirecracker {
 		t.Fatalf("a Firecracker VM's checkpoint records hypervisor %q", md.Hypervisor)
 	}
-	n.importImage("e2e/fc-checkpoint:v1", archive)
+	n.ImportImage("e2e/fc-checkpoint:v1", archive)
 	restoredPod, restored, _ := n.runningPod("fcrestored", "e2e/fc-checkpoint:v1")
 	checkFirecrackerNetwork(t, n, "fcrestored", restoredPod, restored)
 	n.mustCrictl("rmp", "--force", restoredPod)
@@ -153,7 +153,7 @@ func TestFirecrackerVMImagePod(t *testing.T) {
 // timeout, and the status says so.
 func TestFirecrackerStopEscalates(t *testing.T) {
 	n := newNode(t)
-	n.importImage(snapRef, n.snapshotImage("fc", fcSnapshot(guest.Spec{IgnorePowerButton: true})))
+	n.ImportImage(snapRef, n.SnapshotImage("fc", fcSnapshot(guest.Spec{IgnorePowerButton: true})))
 	_, ctrID, _ := n.runningPod("fcstubborn", snapRef)
 	pid := n.vmPID(ctrID)
 	n.mustCrictl("stop", "--timeout", "2", ctrID)
@@ -170,7 +170,7 @@ func TestFirecrackerStopEscalates(t *testing.T) {
 // InvalidArgument and leaves no VM.
 func TestFirecrackerRefusals(t *testing.T) {
 	n := newNode(t)
-	n.importImage("e2e/fc-nonic:v1", n.snapshotImage("fcnonic", testimage.SnapshotOptions{Hypervisor: cocoon.HypervisorFirecracker}))
+	n.ImportImage("e2e/fc-nonic:v1", n.SnapshotImage("fcnonic", testimage.SnapshotOptions{Hypervisor: cocoon.HypervisorFirecracker}))
 	n.withSnapshot()
 	for _, tc := range []struct {
 		name, image string

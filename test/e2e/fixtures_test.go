@@ -21,7 +21,7 @@ func (n *node) podConfig(name, uid string) *runtimeapi.PodSandboxConfig {
 	return &runtimeapi.PodSandboxConfig{
 		Metadata:     &runtimeapi.PodSandboxMetadata{Name: name, Namespace: "default", Uid: uid},
 		Hostname:     name,
-		LogDirectory: filepath.Join(n.podLogs, "default_"+name+"_"+uid),
+		LogDirectory: filepath.Join(n.PodLogs, "default_"+name+"_"+uid),
 		Labels:       map[string]string{"app": name, "io.kubernetes.pod.name": name, "io.kubernetes.pod.namespace": "default"},
 		Annotations:  map[string]string{"owner": "e2e"},
 		Linux:        &runtimeapi.LinuxPodSandboxConfig{},
@@ -51,7 +51,7 @@ func (n *node) configFile(name string, msg any) string {
 	if err != nil {
 		n.t.Fatal(err)
 	}
-	return n.writeFile(name, data)
+	return n.WriteFile(name, data)
 }
 
 // envValuesAsText rewrites a container config's environment values as the text crictl reads: its
@@ -74,24 +74,6 @@ func envValuesAsText(msg any, data []byte) ([]byte, error) {
 	return json.Marshal(fields)
 }
 
-// snapshotImage writes a snapshot archive for this node (its base files installed, as a node that
-// has the snapshot's base image would) and returns the file.
-func (n *node) snapshotImage(name string, opts testimage.SnapshotOptions) string {
-	n.t.Helper()
-	opts.RootDir = n.rootDir
-	if opts.Name == "" {
-		opts.Name = name
-	}
-	if err := testimage.InstallBaseFiles(opts); err != nil {
-		n.t.Fatal(err)
-	}
-	var buf bytes.Buffer
-	if err := testimage.WriteSnapshotArchive(&buf, opts); err != nil {
-		n.t.Fatal(err)
-	}
-	return n.writeFile(name+".tar", buf.Bytes())
-}
-
 // cloudImage writes a qcow2 cloud image and installs the UEFI firmware cocoon boots it with.
 func (n *node) cloudImage(name string) string {
 	n.t.Helper()
@@ -101,7 +83,7 @@ func (n *node) cloudImage(name string) string {
 // cloudImageWithGuest is cloudImage whose simulated guest behaves as spec says.
 func (n *node) cloudImageWithGuest(name string, spec guest.Spec) string {
 	n.t.Helper()
-	firmware := filepath.Join(n.rootDir, "firmware", "CLOUDHV.fd")
+	firmware := filepath.Join(n.RootDir, "firmware", "CLOUDHV.fd")
 	if err := os.MkdirAll(filepath.Dir(firmware), 0o755); err != nil {
 		n.t.Fatal(err)
 	}
@@ -112,7 +94,7 @@ func (n *node) cloudImageWithGuest(name string, spec guest.Spec) string {
 	if err := testimage.WriteQCOW2WithGuest(&buf, 1<<30, spec); err != nil {
 		n.t.Fatal(err)
 	}
-	return n.writeFile(name+".qcow2", buf.Bytes())
+	return n.WriteFile(name+".qcow2", buf.Bytes())
 }
 
 // Images most tests use.
@@ -123,7 +105,7 @@ const (
 
 // withSnapshot imports a default snapshot image (OCI guest, 1 vCPU, 512 MiB) under snapRef.
 func (n *node) withSnapshot() string {
-	return n.importImage(snapRef, n.snapshotImage("snap", testimage.SnapshotOptions{}))
+	return n.ImportImage(snapRef, n.SnapshotImage("snap", testimage.SnapshotOptions{}))
 }
 
 // stubbornSnapshot is a UEFI guest that ignores the ACPI power button.

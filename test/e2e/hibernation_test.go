@@ -46,7 +46,7 @@ func (n *node) httpGetUntil(url, want string) {
 	var body string
 	var err error
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(300 * time.Millisecond) {
-		status, body, err = n.httpGetInNode(url)
+		status, body, err = n.HTTPGetInNode(url)
 		if err == nil && status == http.StatusOK && strings.Contains(body, want) {
 			return
 		}
@@ -62,7 +62,7 @@ func (n *node) httpGetUntil(url, want string) {
 // cocoon.
 func TestIdlePodHibernatesAndWakesOnUse(t *testing.T) {
 	n := newNode(t)
-	n.importImage(snapRef, n.snapshotImage("web", testimage.SnapshotOptions{Guest: guest.Spec{HTTPPort: 80}}))
+	n.ImportImage(snapRef, n.SnapshotImage("web", testimage.SnapshotOptions{Guest: guest.Spec{HTTPPort: 80}}))
 	podID, ctr, _ := n.runningPodAnnotated("sleepy", snapRef, map[string]string{vmruntime.AnnotationHibernateAfter: "2s"}, func(*runtimeapi.ContainerConfig) {})
 	// The guest's clock is set an hour back: it hibernates with it, and without a step at the wake
 	// it would wake an hour and the hibernated time behind (the simulated guest's clock resumes
@@ -111,13 +111,13 @@ func TestIdlePodHibernatesAndWakesOnUse(t *testing.T) {
 
 	// A restart of cocoon-cri while it hibernates loses nothing.
 	n.waitHibernated(ctr)
-	n.stop()
-	n.start()
+	n.Stop()
+	n.Start()
 	if n.awake(ctr) {
 		t.Fatal("the restart woke the VM, or forgot it hibernated")
 	}
 	// The operator wakes it.
-	if out, err := exec.Command(bins.cocoonCRI, "--socket", n.socket, "pod", "wake", "default/sleepy").CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != ctr {
+	if out, err := exec.Command(bins.CocoonCRI, "--socket", n.Socket, "pod", "wake", "default/sleepy").CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != ctr {
 		t.Fatalf("cocoon-cri pod wake: %v: %s", err, out)
 	}
 	if !n.awake(ctr) {

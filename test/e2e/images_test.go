@@ -43,9 +43,9 @@ func (n *node) images() imageList {
 
 func TestImageReferencesShareOneArtifact(t *testing.T) {
 	n := newNode(t)
-	file := n.snapshotImage("snap", testimage.SnapshotOptions{})
-	idA := n.importImage("e2e/app:v1", file)
-	idB := n.importImage("registry.local:5000/team/app:stable", file)
+	file := n.SnapshotImage("snap", testimage.SnapshotOptions{})
+	idA := n.ImportImage("e2e/app:v1", file)
+	idB := n.ImportImage("registry.local:5000/team/app:stable", file)
 	if idA != idB || !strings.HasPrefix(idA, "sha256:") {
 		t.Fatalf("two imports of one file: %s and %s", idA, idB)
 	}
@@ -111,13 +111,13 @@ func TestRemovedImageStaysWhileACloneNeedsIt(t *testing.T) {
 // comes back without a second import.
 func TestReimportBringsBackARemovedImage(t *testing.T) {
 	n := newNode(t)
-	file := n.snapshotImage("snap", testimage.SnapshotOptions{})
-	id := n.importImage(snapRef, file)
+	file := n.SnapshotImage("snap", testimage.SnapshotOptions{})
+	id := n.ImportImage(snapRef, file)
 	podFile := n.configFile("pod.json", n.podConfig("keep", "uid-k"))
 	podID := n.mustCrictl("runp", "--runtime", "cocoon", podFile)
 	n.mustCrictl("create", "--no-pull", podID, n.configFile("ctr.json", containerConfig("app", snapRef)), podFile)
 	n.mustCrictl("rmi", snapRef)
-	if again := n.importImage("e2e/again:v2", file); again != id {
+	if again := n.ImportImage("e2e/again:v2", file); again != id {
 		t.Fatalf("re-import gave %s, want %s", again, id)
 	}
 	if list := n.images(); len(list.Images) != 1 || list.Images[0].RepoTags[0] != "docker.io/e2e/again:v2" {
@@ -130,7 +130,7 @@ func TestReimportBringsBackARemovedImage(t *testing.T) {
 
 // importDirect streams r to the node's import service with a digest of the caller's choosing.
 func (n *node) importDirect(ctx context.Context, ref, digest string, r io.Reader) error {
-	conn, err := grpc.NewClient("unix://"+n.socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("unix://"+n.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return err
 	}
@@ -153,13 +153,13 @@ func fileSHA(t *testing.T, path string) string {
 // cancelled upload all fail and leave no record and no cocoon artifact.
 func TestBadImportsLeaveNothing(t *testing.T) {
 	n := newNode(t)
-	good := n.snapshotImage("snap", testimage.SnapshotOptions{})
+	good := n.SnapshotImage("snap", testimage.SnapshotOptions{})
 	data, err := os.ReadFile(good)
 	if err != nil {
 		t.Fatal(err)
 	}
-	truncated := n.writeFile("truncated.tar", data[:len(data)/2])
-	garbage := n.writeFile("garbage.bin", []byte("this is not an image at all"))
+	truncated := n.WriteFile("truncated.tar", data[:len(data)/2])
+	garbage := n.WriteFile("garbage.bin", []byte("this is not an image at all"))
 	wrongDigest := "sha256:" + strings.Repeat("ab", 32)
 
 	cases := []struct {

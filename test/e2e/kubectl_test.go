@@ -3,7 +3,6 @@ package e2e
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -11,128 +10,25 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/cocoonstack/cocoon-cri/test/harness"
+
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
-	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
 	containerdtest "github.com/cocoonstack/cocoon-cri/test/containerd"
-	"github.com/cocoonstack/cocoon-cri/test/testimage"
 	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
-// clusterDirEnv is set only by hack/cluster.sh up: the directory it keeps a cluster's files in.
-// TestServeCluster serves only then.
-const clusterDirEnv = "COCOON_CLUSTER_SERVE_DIR"
-
-// The images every node of a cluster has: two VM images, and busybox for ordinary pods.
-const (
-	clusterWebImage     = "cocoon.local/agent-sandbox:v1"
-	clusterCrashImage   = "cocoon.local/crashing:v1"
-	clusterBusyboxImage = "cocoon.local/busybox:v1"
-)
-
-// clusterPoolSize is the warm pool of clusterWebImage every cluster keeps (docs/warm-pool.md).
-const clusterPoolSize = 5
-
-// clusterNodesEnv is the number of nodes hack/cluster.sh up --nodes asks for (1 without it).
-const clusterNodesEnv = "COCOON_CLUSTER_NODES"
-
-// TestServeCluster is what hack/cluster.sh up runs: one to three nodes (cocoon-cri on the
-// simulator, containerd through passthrough, a kubelet and kube-proxy each) with the control plane
-// and a registry, served until SIGTERM. It writes <dir>/env (the exports for kubectl, crictl and
-// the registry) and <dir>/node, <dir>/node-2 … (where each node keeps its files) once everything
-// is up; when it ends, everything goes, as after every test.
-func TestServeCluster(t *testing.T) {
-	dir := os.Getenv(clusterDirEnv)
-	if dir == "" {
-		t.Skip("hack/cluster.sh up runs this")
-	}
-	count := 1
-	if v := os.Getenv(clusterNodesEnv); v != "" {
-		var err error
-		if count, err = strconv.Atoi(v); err != nil || count < 1 || count > maxClusterNodes {
-			t.Fatalf("%s=%q: want 1 to %d nodes", clusterNodesEnv, v, maxClusterNodes)
-		}
-	}
-	nodes := make([]*clusterNode, count)
-	daemons := make([]*containerdtest.Daemon, count)
-	for i := range nodes {
-		cn := &clusterNode{index: i, name: nodeName(i), cgroupRoot: testCgroupParent(t)} // removed after the node, registered before it
-		makeCgroup(t, cn.cgroupRoot)
-		extra := []string{"--registry-insecure", clusterRegistry}
-		if i == 0 {
-			// The first node keeps a warm pool of the web image (docs/warm-pool.md); the others
-			// clone, and leave the two cores to the pods.
-			extra = append(extra, "--warm-pool", fmt.Sprintf("%s=%d", clusterWebImage, clusterPoolSize))
-		}
-		cn.n, daemons[i] = newPassthroughNode(t, containerdtest.Options{PlainHTTPRegistries: []string{clusterRegistry}}, extra...)
-		cn.n.writeNetworkConfig(podNetwork(i))
-		cn.n.start()
-		nodes[i] = cn
-	}
-	c := startCluster(nodes)
-	for i, cn := range nodes {
-		daemons[i].Tag(containerdtest.BusyboxImage, clusterBusyboxImage)
-		cn.n.importImage(clusterWebImage, cn.n.snapshotImage("web", testimage.SnapshotOptions{Guest: guest.Spec{Busybox: true, HTTPPort: 80}}))
-		cn.n.importImage(clusterCrashImage, cn.n.snapshotImage("crash", testimage.SnapshotOptions{Guest: guest.Spec{CrashAfter: guest.Duration(10 * time.Second)}}))
-	}
-
-	kubeconfig := filepath.Join(dir, "kubeconfig")
-	data, err := os.ReadFile(c.kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	writeFileAtomic(t, kubeconfig, data)
-	for i, cn := range nodes {
-		n := cn.n
-		file := "node"
-		if i > 0 {
-			file = fmt.Sprintf("node-%d", i+1)
-		}
-		writeFileAtomic(t, filepath.Join(dir, file), []byte(strings.Join([]string{
-			"name=" + cn.name, "socket=" + n.socket, "log=" + n.logFile, "state=" + n.stateDir, "netns=" + n.netnsDir, "ipam=" + n.ipamDir,
-			"node-netns=" + n.nodeNS, "cocoon-root=" + n.rootDir, "cocoon-run=" + n.runDir, "cocoon-log=" + n.logDir,
-			"containerd=" + daemons[i].Endpoint(), "control-plane=" + c.dir, "cgroup-root=" + cn.cgroupRoot,
-			"kubelet-root=" + filepath.Join(cn.kubelet.dir, "root"),
-		}, "\n")+"\n"))
-	}
-	// Written last: hack/cluster.sh waits for it.
-	writeFileAtomic(t, filepath.Join(dir, "env"), fmt.Appendf(nil,
-		"export KUBECONFIG=%s\nexport CONTAINER_RUNTIME_ENDPOINT=unix://%s\nexport COCOON_REGISTRY=%s\n", kubeconfig, nodes[0].n.socket, clusterRegistry))
-	t.Log("the cluster is up")
-
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
-	<-ctx.Done()
-	t.Log("stopping the cluster")
-}
-
-func writeFileAtomic(t *testing.T, path string, data []byte) {
-	t.Helper()
-	if err := os.WriteFile(path+".tmp", data, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(path+".tmp", path); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// upCluster runs hack/cluster.sh up with args, serving from this test binary, and down when the
-// test ends. It returns the environment up printed and each node's file locations.
+// upCluster runs hack/cluster.sh up with args, serving with this run's cocoon-cluster (and so its
+// race-built cocoon-cri), and down when the test ends. It returns the environment up printed and each node's file locations.
 func upCluster(t *testing.T, args ...string) (env map[string]string, nodes []map[string]string) {
 	t.Helper()
-	root, err := repoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	self, err := os.Executable()
+	root, err := harness.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,14 +38,14 @@ func upCluster(t *testing.T, args ...string) (env map[string]string, nodes []map
 	}
 	script := func(verb string, args ...string) *exec.Cmd {
 		cmd := exec.Command(filepath.Join(root, "hack", "cluster.sh"), append([]string{verb}, args...)...)
-		cmd.Env = append(os.Environ(), "COCOON_CLUSTER_DIR="+dir, "COCOON_CLUSTER_SERVER="+self,
-			"COCOON_CRI_BIN="+filepath.Dir(bins.kubectl))
+		cmd.Env = append(os.Environ(), "COCOON_CLUSTER_DIR="+dir, "COCOON_CLUSTER_SERVER="+clusterProgram,
+			"COCOON_CRI_BIN="+filepath.Dir(bins.Kubectl))
 		return cmd
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
 			log, _ := os.ReadFile(filepath.Join(dir, "cluster.log"))
-			t.Logf("the cluster's log (last 150 lines):\n%s", lastLines(string(log), 150))
+			t.Logf("the cluster's log (last 150 lines):\n%s", harness.LastLines(string(log), 150))
 		}
 		if out, err := script("down").CombinedOutput(); err != nil {
 			t.Errorf("hack/cluster.sh down: %v: %s", err, out)
@@ -203,7 +99,7 @@ type kubectlUser struct {
 }
 
 func (k kubectlUser) cmd(stdin io.Reader, args ...string) *exec.Cmd {
-	cmd := exec.Command(bins.kubectl, append([]string{"--request-timeout", "90s"}, args...)...)
+	cmd := exec.Command(bins.Kubectl, append([]string{"--request-timeout", "90s"}, args...)...)
 	cmd.Env, cmd.Stdin = k.env, stdin
 	return cmd
 }
@@ -271,7 +167,7 @@ spec:
       terminationGracePeriodSeconds: 5
       containers:
       - name: sandbox
-        image: ` + clusterWebImage + `
+        image: ` + harness.ClusterWebImage + `
         imagePullPolicy: Never
 `
 
@@ -293,7 +189,7 @@ spec:
   terminationGracePeriodSeconds: 5
   containers:
   - name: vm
-    image: ` + clusterWebImage + `
+    image: ` + harness.ClusterWebImage + `
     imagePullPolicy: Never
     env:
     - name: GREETING
@@ -315,7 +211,7 @@ spec:
   terminationGracePeriodSeconds: 5
   containers:
   - name: crash
-    image: ` + clusterCrashImage + `
+    image: ` + harness.ClusterCrashImage + `
     imagePullPolicy: Never
 ---
 apiVersion: v1
@@ -327,7 +223,7 @@ spec:
   terminationGracePeriodSeconds: 5
   containers:
   - name: shell
-    image: ` + clusterWebImage + `
+    image: ` + harness.ClusterWebImage + `
     imagePullPolicy: Never
     command: [/bin/sh]
     stdin: true
@@ -429,7 +325,7 @@ func TestCluster(t *testing.T) {
 			t.Errorf("kubectl exec %s: %q", pod, out)
 		}
 	}
-	tty := exec.Command("script", "-qec", bins.kubectl+" exec -it vm -- sh -c 'test -t 0 && echo on a terminal: $((6*7))'", os.DevNull)
+	tty := exec.Command("script", "-qec", bins.Kubectl+" exec -it vm -- sh -c 'test -t 0 && echo on a terminal: $((6*7))'", os.DevNull)
 	tty.Env = k.env
 	if out, err := tty.CombinedOutput(); err != nil || !strings.Contains(string(out), "on a terminal: 42") {
 		t.Errorf("kubectl exec -it: %v: %q", err, out)
@@ -539,7 +435,7 @@ func TestCluster(t *testing.T) {
 				} `json:"memory"`
 			} `json:"pods"`
 		}
-		out, err := k.run(nil, "get", "--raw", "/api/v1/nodes/"+kubeletNodeName+"/proxy/stats/summary")
+		out, err := k.run(nil, "get", "--raw", "/api/v1/nodes/"+harness.KubeletNodeName+"/proxy/stats/summary")
 		if err != nil {
 			return err
 		}
@@ -591,16 +487,16 @@ func TestCluster(t *testing.T) {
 		if err := json.Unmarshal([]byte(crictl("info", "-o", "json")), &info); err != nil {
 			return err
 		}
-		if len(info.Info.WarmPools) != 1 || info.Info.WarmPools[0].Ready != clusterPoolSize {
+		if len(info.Info.WarmPools) != 1 || info.Info.WarmPools[0].Ready != harness.ClusterPoolSize {
 			return fmt.Errorf("warm pools %+v", info.Info.WarmPools)
 		}
 		return nil
 	})
-	k.must("scale", "deployment", "sandboxes", "--replicas", strconv.Itoa(clusterPoolSize))
+	k.must("scale", "deployment", "sandboxes", "--replicas", strconv.Itoa(harness.ClusterPoolSize))
 	k.must("rollout", "status", "deployment/sandboxes", "--timeout=180s")
 	sandboxCtrs := strings.Fields(crictl("ps", "--name", "^sandbox$", "-q"))
-	if len(sandboxCtrs) != clusterPoolSize {
-		t.Errorf("the Deployment's containers %q, want %d", sandboxCtrs, clusterPoolSize)
+	if len(sandboxCtrs) != harness.ClusterPoolSize {
+		t.Errorf("the Deployment's containers %q, want %d", sandboxCtrs, harness.ClusterPoolSize)
 	}
 	for _, id := range sandboxCtrs {
 		var vm struct {
@@ -617,8 +513,8 @@ func TestCluster(t *testing.T) {
 	// delete: nothing of the pods is left on the node but the warm pool's VMs.
 	k.must("delete", "pod", "--all", "--wait", "--timeout=180s")
 	k.eventually("nothing left of the pods", func() error {
-		left := nodeLeftovers(nodeFiles, clusterPoolSize)
-		if dirs := cgroupDirs(podCgroup); len(dirs) > 0 {
+		left := nodeLeftovers(nodeFiles, harness.ClusterPoolSize)
+		if dirs := harness.CgroupDirs(podCgroup); len(dirs) > 0 {
 			left = append(left, fmt.Sprintf("the pod's cgroups %v", dirs))
 		}
 		if len(left) > 0 {
@@ -636,7 +532,7 @@ func nodeLeftovers(files map[string]string, pooled int) []string {
 	if pods, err := crictlOn("unix://"+files["socket"], "pods", "-q").Output(); err != nil || len(bytes.TrimSpace(pods)) > 0 {
 		left = append(left, fmt.Sprintf("sandboxes %q %v", pods, err))
 	}
-	vms, err := exec.Command(bins.cocoonSim, "--root-dir", files["cocoon-root"], "--run-dir", files["cocoon-run"],
+	vms, err := exec.Command(bins.CocoonSim, "--root-dir", files["cocoon-root"], "--run-dir", files["cocoon-run"],
 		"--log-dir", files["cocoon-log"], "vm", "list", "-o", "json").Output()
 	var listed []cocoon.VM
 	if err == nil {
@@ -668,7 +564,7 @@ func nodeLeftovers(files map[string]string, pooled int) []string {
 	}
 	for _, line := range strings.Split(strings.TrimSpace(string(links)), "\n") {
 		// The links to the host and to the fabric are the node's own.
-		if fields := strings.Fields(line); len(fields) > 1 && !strings.HasPrefix(fields[1], clusterNodeLink+"@") && !strings.HasPrefix(fields[1], fabricNodeLink+"@") {
+		if fields := strings.Fields(line); len(fields) > 1 && !strings.HasPrefix(fields[1], harness.ClusterNodeLink+"@") && !strings.HasPrefix(fields[1], harness.FabricNodeLink+"@") {
 			left = append(left, "veth "+fields[1])
 		}
 	}
@@ -677,7 +573,7 @@ func nodeLeftovers(files map[string]string, pooled int) []string {
 
 // crictlOn is crictl for the runtime at endpoint, as a user on the node runs it.
 func crictlOn(endpoint string, args ...string) *exec.Cmd {
-	cmd := exec.Command(bins.crictl, append([]string{"--runtime-endpoint", endpoint, "--timeout", "60s"}, args...)...)
+	cmd := exec.Command(bins.Crictl, append([]string{"--runtime-endpoint", endpoint, "--timeout", "60s"}, args...)...)
 	cmd.Env = append(os.Environ(), "CRI_CONFIG_FILE="+os.DevNull)
 	return cmd
 }

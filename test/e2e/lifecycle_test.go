@@ -44,7 +44,7 @@ func runLifecycle(t *testing.T, n *node, version string, restartEachStep bool) {
 	imageID := n.withSnapshot()
 	step := func() {
 		if restartEachStep {
-			n.restart()
+			n.Restart()
 		}
 	}
 	podFile := n.configFile("pod.json", n.podConfig("web", "uid-web"))
@@ -158,7 +158,7 @@ func runLifecycle(t *testing.T, n *node, version string, restartEachStep bool) {
 // TestCloudImageBoots covers the VM-image path: vm create, then vm start, with the container's size.
 func TestCloudImageBoots(t *testing.T) {
 	n := newNode(t)
-	n.importImage(cloudRef, n.cloudImage("cloud"))
+	n.ImportImage(cloudRef, n.cloudImage("cloud"))
 	podFile := n.configFile("pod.json", n.podConfig("desk", "uid-desk"))
 	cfg := containerConfig("os", cloudRef)
 	cfg.Linux.Resources.CpuQuota = 200000
@@ -194,7 +194,7 @@ func TestCloudImageBoots(t *testing.T) {
 // says the VM was stopped forcibly.
 func TestStopEscalatesForAGuestThatIgnoresThePowerButton(t *testing.T) {
 	n := newNode(t)
-	n.importImage(snapRef, n.snapshotImage("stubborn", stubbornSnapshot()))
+	n.ImportImage(snapRef, n.SnapshotImage("stubborn", stubbornSnapshot()))
 	_, ctrID, _ := n.runningPod("stubborn", snapRef)
 	pid := n.vmPID(ctrID)
 
@@ -243,7 +243,7 @@ func TestFailedStartLeavesNoVM(t *testing.T) {
 	n := newNode(t)
 	opts := testimage.SnapshotOptions{}
 	opts.Guest.FailBoot = true
-	n.importImage(snapRef, n.snapshotImage("broken", opts))
+	n.ImportImage(snapRef, n.SnapshotImage("broken", opts))
 	podFile := n.configFile("pod.json", n.podConfig("broken", "uid-b"))
 	podID := n.mustCrictl("runp", "--runtime", "cocoon", podFile)
 	ctrID := n.mustCrictl("create", "--no-pull", podID, n.configFile("ctr.json", containerConfig("app", snapRef)), podFile)

@@ -10,18 +10,15 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/cocoonstack/cocoon-cri/test/harness"
 	"github.com/cocoonstack/cocoon-cri/test/hostguard"
 )
 
-// bins are the executables under test, built once for the package.
-var bins struct {
-	cocoonCRI, cocoonSim, crictl, critest, kubelet string
-	// cocoonCRIPlain is the daemon without the race detector, for the crash-safety test: its
-	// hundreds of restarts are CPU-bound, and the race build costs a third more there.
-	cocoonCRIPlain string
-	// The control plane of the cluster tests.
-	etcd, kubeAPIServer, kubeControllerManager, kubeScheduler, kubeProxy, coreDNS, kubectl string
-}
+// bins are the executables under test, built (or found) once for the package.
+var bins = &harness.Bins
+
+// clusterProgram is test/cmd/cocoon-cluster, built for this run.
+var clusterProgram string
 
 func TestMain(m *testing.M) {
 	os.Exit(run(m))
@@ -42,7 +39,7 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	root, err := repoRoot()
+	root, err := harness.RepoRoot()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -59,9 +56,12 @@ func run(m *testing.M) int {
 		pkg  string
 		args []string
 	}{
-		{&bins.cocoonCRI, "cocoon-cri", "./cmd/cocoon-cri", race},
-		{&bins.cocoonCRIPlain, "cocoon-cri-plain", "./cmd/cocoon-cri", nil},
-		{&bins.cocoonSim, "cocoon-sim", "./test/cocoonsim/cmd/cocoon-sim", nil},
+		{&bins.CocoonCRI, "cocoon-cri", "./cmd/cocoon-cri", race},
+		{&bins.CocoonCRIPlain, "cocoon-cri-plain", "./cmd/cocoon-cri", nil},
+		{&bins.CocoonSim, "cocoon-sim", "./test/cocoonsim/cmd/cocoon-sim", nil},
+		// Beside the daemon and the simulator, which it runs: hack/cluster.sh serves the cluster
+		// tests' clusters with it.
+		{&clusterProgram, "cocoon-cluster", "./test/cmd/cocoon-cluster", nil},
 	}
 	for _, b := range builds {
 		*b.out = filepath.Join(dir, b.name)
@@ -77,18 +77,9 @@ func run(m *testing.M) int {
 	if toolDir == "" {
 		toolDir = filepath.Join(root, "bin")
 	}
-	tools := map[*string]string{
-		&bins.crictl: "crictl", &bins.critest: "critest", &bins.kubelet: "kubelet",
-		&bins.etcd: "etcd", &bins.kubeAPIServer: "kube-apiserver", &bins.kubeControllerManager: "kube-controller-manager",
-		&bins.kubeScheduler: "kube-scheduler", &bins.kubeProxy: "kube-proxy", &bins.coreDNS: "coredns", &bins.kubectl: "kubectl",
-	}
-	for path, name := range tools {
-		tool := filepath.Join(toolDir, name)
-		*path = tool
-		if _, err := os.Stat(tool); err != nil {
-			fmt.Fprintf(os.Stderr, "e2e: %s is missing: run make tools (make test does)\n", tool)
-			return 1
-		}
+	if err := harness.FindTools(toolDir); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
 	}
 	host := hostguard.Snapshot()
 	code := m.Run()
@@ -97,12 +88,4 @@ func run(m *testing.M) int {
 		return 1
 	}
 	return code
-}
-
-func repoRoot() (string, error) {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		return "", fmt.Errorf("find the module root: %w", err)
-	}
-	return filepath.Dir(string(out[:len(out)-1])), nil
 }

@@ -18,9 +18,9 @@ var servingMetrics = regexp.MustCompile(`msg="cocoon-cri serving".* metrics=(\S+
 // metricsAddr is the address a node started with --metrics-addr 127.0.0.1:0 got, from its log.
 func (n *node) metricsAddr() string {
 	n.t.Helper()
-	all := servingMetrics.FindAllStringSubmatch(n.log(), -1)
+	all := servingMetrics.FindAllStringSubmatch(n.Log(), -1)
 	if len(all) == 0 {
-		n.t.Fatalf("the daemon logged no metrics address\n%s", n.log())
+		n.t.Fatalf("the daemon logged no metrics address\n%s", n.Log())
 	}
 	return all[len(all)-1][1]
 }
@@ -29,7 +29,7 @@ func (n *node) metricsAddr() string {
 // samples by series ("name{labels}", labels sorted as the text format writes them).
 func (n *node) scrapeMetrics() map[string]float64 {
 	n.t.Helper()
-	code, body, err := n.httpGetInNode("http://" + n.metricsAddr() + metrics.Path)
+	code, body, err := n.HTTPGetInNode("http://" + n.metricsAddr() + metrics.Path)
 	if err != nil || code != http.StatusOK {
 		n.t.Fatalf("scrape: %d, %v\n%s", code, err, body)
 	}

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cocoonstack/cocoon-cri/test/harness"
+
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
 	"github.com/cocoonstack/cocoon-cri/test/registry"
@@ -27,7 +29,7 @@ spec:
   runtimeClassName: cocoon
   terminationGracePeriodSeconds: 5
   containers:
-  - {name: web, image: ` + clusterWebImage + `, imagePullPolicy: Never}
+  - {name: web, image: ` + harness.ClusterWebImage + `, imagePullPolicy: Never}
 ---
 apiVersion: v1
 kind: Service
@@ -44,7 +46,7 @@ spec:
   terminationGracePeriodSeconds: 2
   containers:
   - name: client
-    image: ` + clusterBusyboxImage + `
+    image: ` + harness.ClusterBusyboxImage + `
     imagePullPolicy: Never
     command: [sh, -c, "mkdir -p /tmp/www && echo client here > /tmp/www/index.html && exec httpd -f -p 8080 -h /tmp/www"]
 `
@@ -62,7 +64,7 @@ spec:
   runtimeClassName: cocoon
   terminationGracePeriodSeconds: 5
   containers:
-  - {name: sleepy, image: ` + clusterWebImage + `, imagePullPolicy: Never}
+  - {name: sleepy, image: ` + harness.ClusterWebImage + `, imagePullPolicy: Never}
 ---
 apiVersion: v1
 kind: Service
@@ -145,7 +147,7 @@ func TestClusterOfTwoNodes(t *testing.T) {
 			t.Errorf("the Service's name from %s: %q %v", pod, out, err)
 		}
 	}
-	if out := k.must("exec", "web", "--", "cat", "/etc/resolv.conf"); !strings.Contains(out, "nameserver "+clusterDNSIP) || !strings.Contains(out, "search default.svc.cluster.local svc.cluster.local cluster.local") {
+	if out := k.must("exec", "web", "--", "cat", "/etc/resolv.conf"); !strings.Contains(out, "nameserver "+harness.ClusterDNSIP) || !strings.Contains(out, "search default.svc.cluster.local svc.cluster.local cluster.local") {
 		t.Errorf("the VM pod's resolv.conf: %q", out)
 	}
 
@@ -204,7 +206,7 @@ func TestClusterOfTwoNodes(t *testing.T) {
 		t.Fatalf("the kubelet's checkpoint answer: %v %v", checkpointed, err)
 	}
 	moved := reg + "/checkpoints/src:1"
-	push := exec.Command(bins.cocoonCRI, "image", "push", "--registry-insecure", reg, checkpointed.Items[0], moved)
+	push := exec.Command(bins.CocoonCRI, "image", "push", "--registry-insecure", reg, checkpointed.Items[0], moved)
 	if out, err := push.CombinedOutput(); err != nil {
 		t.Fatalf("cocoon-cri image push: %v: %s", err, out)
 	}
@@ -263,7 +265,7 @@ func TestClusterOfTwoNodes(t *testing.T) {
 		for i, files := range nodes {
 			pooled := 0
 			if i == 0 {
-				pooled = clusterPoolSize
+				pooled = harness.ClusterPoolSize
 			}
 			for _, l := range nodeLeftovers(files, pooled) {
 				left = append(left, files["name"]+": "+l)
@@ -279,7 +281,7 @@ func TestClusterOfTwoNodes(t *testing.T) {
 // cocoonImagesOf lists the names of the OCI and cloud images a cluster node's cocoon holds.
 func cocoonImagesOf(t *testing.T, files map[string]string) []string {
 	t.Helper()
-	out, err := exec.Command(bins.cocoonSim, "--root-dir", files["cocoon-root"], "--run-dir", files["cocoon-run"],
+	out, err := exec.Command(bins.CocoonSim, "--root-dir", files["cocoon-root"], "--run-dir", files["cocoon-run"],
 		"--log-dir", files["cocoon-log"], "image", "list", "-o", "json").Output()
 	if err != nil {
 		t.Fatalf("cocoon image list on %s: %v", files["name"], err)

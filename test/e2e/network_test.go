@@ -20,6 +20,7 @@ import (
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/pkg/faultpoint"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim"
+	"github.com/cocoonstack/cocoon-cri/test/harness"
 	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
@@ -30,7 +31,7 @@ const guestPort = 8080
 // takes the pod address from cocoon at first boot. (A clone keeps its snapshot's guest network
 // configuration until the guest is reconfigured: see docs/networking.md.)
 func (n *node) withReachableImage() {
-	n.importImage(cloudRef, n.cloudImage("cloud"))
+	n.ImportImage(cloudRef, n.cloudImage("cloud"))
 }
 
 // podIP is the sandbox's primary IP as crictl inspectp reports it.
@@ -54,7 +55,7 @@ func (n *node) dialFromNode(addr string) string {
 func (n *node) answerFromNode(addr string, want func(string) bool) string {
 	n.t.Helper()
 	var line string
-	n.inNode(func() error {
+	n.InNode(func() error {
 		var err error
 		// Generous: a real kernel under software emulation boots in seconds, and in minutes on a busy
 		// machine (test/cocoonsim/qemu allows its boot three).
@@ -91,7 +92,7 @@ func readLine(addr string) (string, error) {
 func (n *node) neighbourMAC(ip string) string {
 	n.t.Helper()
 	var mac string
-	n.inNode(func() error {
+	n.InNode(func() error {
 		neighs, err := netlink.NeighList(0, netlink.FAMILY_V4)
 		for _, nb := range neighs {
 			if nb.IP.String() == ip && nb.HardwareAddr != nil {
@@ -114,8 +115,8 @@ func TestPodIPReachesTheGuest(t *testing.T) {
 	ctrID := n.mustCrictl("create", "--no-pull", podID, n.configFile("ctr.json", containerConfig("app", cloudRef)), podFile)
 	n.mustCrictl("start", ctrID)
 	ip := n.podIP(podID)
-	if _, subnet, _ := net.ParseCIDR(nodeSubnet); !subnet.Contains(net.ParseIP(ip)) {
-		t.Fatalf("pod IP %s is not in the node's pod network %s", ip, nodeSubnet)
+	if _, subnet, _ := net.ParseCIDR(harness.NodeSubnet); !subnet.Contains(net.ParseIP(ip)) {
+		t.Fatalf("pod IP %s is not in the node's pod network %s", ip, harness.NodeSubnet)
 	}
 	// The guest answers with its hostname, which cocoon-cri set to the pod's.
 	line := n.guestAnswer(fmt.Sprintf("%s:%d", ip, guestPort), "web", ip)
@@ -211,7 +212,7 @@ func TestHostPortReachesTheGuest(t *testing.T) {
 	podID := n.mustCrictl("runp", "--runtime", "cocoon", podFile)
 	ctrID := n.mustCrictl("create", "--no-pull", podID, n.configFile("ctr.json", containerConfig("app", cloudRef)), podFile)
 	n.mustCrictl("start", ctrID)
-	if line := n.guestAnswer(nodeGateway+":30080", "web", n.podIP(podID)); line != "web "+n.podIP(podID)+"\n" {
+	if line := n.guestAnswer(harness.NodeGateway+":30080", "web", n.podIP(podID)); line != "web "+n.podIP(podID)+"\n" {
 		t.Fatalf("host port 30080 answered %q, want the guest", line)
 	}
 	n.mustCrictl("rmp", "--force", podID)
@@ -223,7 +224,7 @@ func TestHostPortReachesTheGuest(t *testing.T) {
 func (n *node) iptablesNAT() string {
 	n.t.Helper()
 	var out []byte
-	n.inNode(func() error {
+	n.InNode(func() error {
 		var err error
 		out, err = execOutput("iptables", "-t", "nat", "-S")
 		return err
@@ -235,7 +236,7 @@ func (n *node) iptablesNAT() string {
 // has no network configuration, pods are refused meanwhile, and it turns true when one appears.
 func TestNetworkReadyFollowsTheCNIConfiguration(t *testing.T) {
 	n := newNode(t)
-	conf := filepath.Join(n.cniConf, "10-pods.conflist")
+	conf := filepath.Join(n.CNIConf, "10-pods.conflist")
 	data, err := os.ReadFile(conf)
 	if err != nil {
 		t.Fatal(err)
@@ -321,13 +322,13 @@ func (n *node) leftovers() []string {
 	n.t.Helper()
 	var left []string
 	left = append(left, n.netns()...)
-	entries, _ := os.ReadDir(filepath.Join(n.ipamDir, "pods"))
+	entries, _ := os.ReadDir(filepath.Join(n.IPAMDir, "pods"))
 	for _, e := range entries {
 		if net.ParseIP(e.Name()) != nil {
 			left = append(left, "lease "+e.Name())
 		}
 	}
-	n.inNode(func() error {
+	n.InNode(func() error {
 		links, err := netlink.LinkList()
 		for _, l := range links {
 			if l.Type() == "veth" || l.Type() == "tuntap" {
@@ -336,11 +337,11 @@ func (n *node) leftovers() []string {
 		}
 		return err
 	})
-	cache, _ := filepath.Glob(filepath.Join(n.stateDir, "network", "cache", "results", "*"))
+	cache, _ := filepath.Glob(filepath.Join(n.StateDir, "network", "cache", "results", "*"))
 	for _, c := range cache {
 		left = append(left, "cni cache "+filepath.Base(c))
 	}
-	pods, _ := os.ReadDir(filepath.Join(n.stateDir, "network", "pods"))
+	pods, _ := os.ReadDir(filepath.Join(n.StateDir, "network", "pods"))
 	for _, p := range pods {
 		left = append(left, "cocoon network config "+p.Name())
 	}
@@ -395,7 +396,7 @@ func TestManyPodsLeaveNoNetworkBehind(t *testing.T) {
 func (n *node) nodeVeths() []string {
 	n.t.Helper()
 	var veths []string
-	n.inNode(func() error {
+	n.InNode(func() error {
 		links, err := netlink.LinkList()
 		for _, l := range links {
 			if l.Type() == "veth" {
@@ -414,18 +415,18 @@ func TestCrashDuringRunPodSandboxLeaksNothing(t *testing.T) {
 	n := newNode(t)
 	n.withSnapshot()
 	for i, point := range faultpoint.All {
-		n.stop()
-		n.env = []string{faultpoint.EnvVar + "=" + point}
-		n.start()
+		n.Stop()
+		n.Env = []string{faultpoint.EnvVar + "=" + point}
+		n.Start()
 		podFile := n.configFile(fmt.Sprintf("crash%d.json", i), n.podConfig(fmt.Sprintf("crash%d", i), fmt.Sprintf("uid-crash%d", i)))
 		if _, err := n.crictl("runp", "--runtime", "cocoon", podFile); err == nil {
 			t.Fatalf("%s: RunPodSandbox survived its crash point", point)
 		}
-		if !n.died(30 * time.Second) {
+		if !n.Died(30 * time.Second) {
 			t.Fatalf("%s: cocoon-cri did not die at its crash point", point)
 		}
-		n.env = nil
-		n.start()
+		n.Env = nil
+		n.Start()
 		podID := n.mustCrictl("runp", "--runtime", "cocoon", podFile)
 		if got := len(n.netns()); got != 1 {
 			t.Fatalf("%s: %d namespaces after the retry, want the one of the new sandbox: %v", point, got, n.netns())
@@ -479,9 +480,9 @@ func TestPodsPickOnlyAllowedNetworks(t *testing.T) {
 		"net.d/20-storage.conflist": {"storage", "cni1", "10.89.0.0/24"},
 		"net.d/30-admin.conflist":   {"admin", "cni2", "10.90.0.0/24"},
 	} {
-		n.writeFile(file, []byte(fmt.Sprintf(`{"cniVersion": "1.0.0", "name": %q, "plugins": [
+		n.WriteFile(file, []byte(fmt.Sprintf(`{"cniVersion": "1.0.0", "name": %q, "plugins": [
   {"type": "bridge", "bridge": %q, "isGateway": true,
-   "ipam": {"type": "host-local", "ranges": [[{"subnet": %q}]], "dataDir": %q}}]}`, net.name, net.bridge, net.subnet, n.ipamDir)))
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": %q}]], "dataDir": %q}}]}`, net.name, net.bridge, net.subnet, n.IPAMDir)))
 	}
 	onNetwork := func(name string) *runtimeapi.PodSandboxConfig {
 		pod := n.podConfig("on-"+name, "uid-on-"+name)

@@ -16,23 +16,9 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	containerdtest "github.com/cocoonstack/cocoon-cri/test/containerd"
+	"github.com/cocoonstack/cocoon-cri/test/harness"
 	"github.com/cocoonstack/cocoon-cri/test/registry"
 )
-
-// newPassthroughNode is a node with a real containerd beside cocoon-cri, as on a kubeadm node: in
-// the node's namespace, with the node's CNI configuration (and IP address pool), and cocoon-cri
-// handing it every pod that is not a VM pod. opts may change containerd's configuration.
-func newPassthroughNode(t *testing.T, opts containerdtest.Options, extra ...string) (*node, *containerdtest.Daemon) {
-	t.Helper()
-	n := prepareNode(t, nil, extra...)
-	opts.Dir = filepath.Join(n.dir, "containerd")
-	opts.NetNS = n.nodeNS
-	opts.CNIConfDir = n.cniConf
-	opts.CNIBinDirs = []string{"/usr/lib/cni"}
-	ctrd := containerdtest.Start(t, opts)
-	n.extra = append(n.extra, "--passthrough-endpoint", ctrd.Endpoint())
-	return n, ctrd
-}
 
 // busyboxContainer is a container of containerd's busybox image that says hello in its log and
 // then stays up.
@@ -88,7 +74,7 @@ func (n *node) crictlPods() map[string]string {
 // leaves nothing on either.
 func TestPassthroughRunsEveryPod(t *testing.T) {
 	n, ctrd := newPassthroughNode(t, containerdtest.Options{})
-	n.start()
+	n.Start()
 	n.withSnapshot()
 	busybox, _ := ctrd.Images()
 
@@ -201,7 +187,7 @@ func TestPassthroughRunsEveryPod(t *testing.T) {
 // finds every pod where it was.
 func TestPassthroughOutlivesContainerd(t *testing.T) {
 	n, ctrd := newPassthroughNode(t, containerdtest.Options{})
-	n.start()
+	n.Start()
 	n.withSnapshot()
 	busybox, _ := ctrd.Images()
 	ctrdPod, ctrdCtr := n.containerdPod("plain", busybox, false)
@@ -234,11 +220,11 @@ func TestPassthroughOutlivesContainerd(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("cocoon-cri did not reach containerd again within a minute:\n%s", n.log())
+			t.Fatalf("cocoon-cri did not reach containerd again within a minute:\n%s", n.Log())
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	n.restart()
+	n.Restart()
 	pods := n.crictlPods()
 	for _, pod := range []string{ctrdPod, vmPod, secondPod} {
 		if _, ok := pods[pod]; !ok {
@@ -261,15 +247,15 @@ func TestPassthroughOutlivesContainerd(t *testing.T) {
 // says which drivers.
 func TestCgroupDriverMismatchIsRefused(t *testing.T) {
 	n, ctrd := newPassthroughNode(t, containerdtest.Options{SystemdCgroup: true}, "--cgroup-driver", "cgroupfs")
-	n.launch()
-	daemon := n.daemon
-	if !n.died(time.Minute) {
-		t.Fatalf("cocoon-cri still runs with a cgroup driver other than containerd's\n%s", n.log())
+	n.Launch()
+	daemon := n.Daemon
+	if !n.Died(time.Minute) {
+		t.Fatalf("cocoon-cri still runs with a cgroup driver other than containerd's\n%s", n.Log())
 	}
 	if daemon.Err() == nil {
 		t.Fatal("cocoon-cri exited 0")
 	}
-	log := n.log()
+	log := n.Log()
 	if !strings.Contains(log, "cocoon-cri uses cgroupfs") || !strings.Contains(log, ctrd.Endpoint()+" uses systemd") {
 		t.Fatalf("the refusal does not name both drivers:\n%s", log)
 	}
@@ -281,10 +267,10 @@ func TestCgroupDriverMismatchIsRefused(t *testing.T) {
 // runs, each for its reason (no registry here, host security modules).
 func TestCritestThroughPassthrough(t *testing.T) {
 	n, ctrd := newPassthroughNode(t, containerdtest.Options{})
-	n.start()
+	n.Start()
 	skip := skipList(t, "testdata/critest-passthrough-skips.txt")
 	passed := func(endpoint, tag string) []string {
-		report := filepath.Join(n.dir, "critest-"+tag+".json")
+		report := filepath.Join(n.Dir, "critest-"+tag+".json")
 		out, err := n.critest(endpoint, "", skip, "--ginkgo.json-report", report)
 		if _, statErr := os.Stat(report); statErr != nil {
 			t.Fatalf("critest against %s wrote no report: %v\n%s", tag, err, out)
@@ -304,7 +290,7 @@ func TestCritestThroughPassthrough(t *testing.T) {
 		return names
 	}
 	direct := passed(ctrd.Endpoint(), "containerd")
-	through := passed("unix://"+n.socket, "passthrough")
+	through := passed("unix://"+n.Socket, "passthrough")
 	// A broken set-up must not pass by having nothing pass either way.
 	if len(direct) < 30 {
 		t.Fatalf("only %d specs passed straight against containerd: %q", len(direct), direct)
@@ -322,7 +308,7 @@ func TestCritestThroughPassthrough(t *testing.T) {
 	}
 	if len(onlyDirect)+len(onlyThrough) > 0 {
 		t.Fatalf("critest results differ:\npassed only against containerd: %q\npassed only through cocoon-cri: %q\n%s",
-			onlyDirect, onlyThrough, n.log())
+			onlyDirect, onlyThrough, n.Log())
 	}
 	if pods := n.mustCrictl("pods", "-q"); pods != "" {
 		t.Fatalf("critest left sandboxes: %q", pods)
@@ -357,21 +343,21 @@ spec:
 // objects, so it gives every pod the default handler; TestKubelet covers the VM pods.)
 func TestKubeletThroughPassthrough(t *testing.T) {
 	n, ctrd := newPassthroughNode(t, containerdtest.Options{})
-	n.start()
+	n.Start()
 	busybox, _ := ctrd.Images()
-	k := n.startKubelet()
-	k.addPod("proxy", containerdStaticPod("proxy", busybox, true))
-	k.addPod("agent", containerdStaticPod("agent", busybox, false))
+	k := n.StartKubelet()
+	k.AddPod("proxy", containerdStaticPod("proxy", busybox, true))
+	k.AddPod("agent", containerdStaticPod("agent", busybox, false))
 
 	for _, name := range []string{"proxy", "agent"} {
-		pod, _ := k.waitPod(name, "running and Ready", func(p *corev1.Pod, c corev1.ContainerStatus) bool {
-			return p.Status.Phase == corev1.PodRunning && c.State.Running != nil && podReady(p)
+		pod, _ := k.WaitPod(name, "running and Ready", func(p *corev1.Pod, c corev1.ContainerStatus) bool {
+			return p.Status.Phase == corev1.PodRunning && c.State.Running != nil && harness.PodReady(p)
 		})
 		if name == "agent" && !strings.HasPrefix(pod.Status.PodIP, "10.88.0.") {
 			t.Errorf("the ordinary pod's IP %q is not on the node's pod network", pod.Status.PodIP)
 		}
-		k.waitFor(name+"'s log through the kubelet", time.Minute, func() (bool, string) {
-			status, body, err := k.get("/containerLogs/default/" + pod.Name + "/" + name)
+		k.WaitFor(name+"'s log through the kubelet", time.Minute, func() (bool, string) {
+			status, body, err := k.Get("/containerLogs/default/" + pod.Name + "/" + name)
 			return err == nil && status == 200 && strings.Contains(body, name+" up"), fmt.Sprintf("%d %q %v", status, body, err)
 		})
 		q := url.Values{"command": {"echo", "exec in " + name}, "output": {"1"}, "error": {"1"}}
@@ -393,9 +379,9 @@ func TestKubeletThroughPassthrough(t *testing.T) {
 		}
 	}
 
-	k.removePod("proxy")
-	k.removePod("agent")
-	k.waitFor("the pods removed from containerd", 3*time.Minute, func() (bool, string) {
+	k.RemovePod("proxy")
+	k.RemovePod("agent")
+	k.WaitFor("the pods removed from containerd", 3*time.Minute, func() (bool, string) {
 		left := n.mustCrictlTo(ctrd.Endpoint(), "pods", "-q")
 		return left == "", "containerd still has " + left
 	})
@@ -407,7 +393,7 @@ func TestKubeletThroughPassthrough(t *testing.T) {
 // boots from it; containerd's copy stays where it was.
 func TestPassthroughOCIVMImage(t *testing.T) {
 	n, ctrd := newPassthroughNode(t, containerdtest.Options{})
-	n.start()
+	n.Start()
 	if !erofsHasTar() {
 		t.Skip("mkfs.erofs has no --tar: cocoon cannot bring in an OCI VM image here (make setup builds one)")
 	}
@@ -424,7 +410,7 @@ func TestPassthroughOCIVMImage(t *testing.T) {
 
 	_, ctrID, _ := n.runningPod("vm", ref)
 	n.assertRunning(ctrID)
-	if len(n.cocoonImages()) != 1 || !strings.Contains(n.log(), "image brought into cocoon for a VM pod") {
+	if len(n.cocoonImages()) != 1 || !strings.Contains(n.Log(), "image brought into cocoon for a VM pod") {
 		t.Fatalf("the image was not brought into cocoon: %+v", n.cocoonImages())
 	}
 	if got, _ := field(n.inspect("inspect", ctrID), "status", "imageRef").(string); got != reg.Host+"/e2e/vm@"+pushed.Digest {

@@ -17,7 +17,7 @@ import (
 // daemon pulls from; its Target pushes there from the test.
 func (n *node) registry(opts registry.Options) *registry.Server {
 	n.t.Helper()
-	opts.NetNS = n.nodeNS
+	opts.NetNS = n.NodeNS
 	return registry.Start(n.t, opts)
 }
 
@@ -25,7 +25,7 @@ func (n *node) registry(opts registry.Options) *registry.Server {
 // a node that has the snapshot's base image) under repoTag, as epoch push does.
 func (n *node) pushSnapshot(target registry.Target, repoTag, name string, snap testimage.SnapshotOptions, push registry.SnapshotPush) registry.Pushed {
 	n.t.Helper()
-	f, err := os.Open(n.snapshotImage(name, snap))
+	f, err := os.Open(n.SnapshotImage(name, snap))
 	if err != nil {
 		n.t.Fatal(err)
 	}

@@ -172,7 +172,7 @@ func TestPullOCIVMImage(t *testing.T) {
 func TestPullFaultsLeaveNothing(t *testing.T) {
 	n := newNode(t)
 	reg := n.registry(registry.Options{})
-	proxy := registry.StartProxy(t, reg.Target(), n.nodeNS)
+	proxy := registry.StartProxy(t, reg.Target(), n.NodeNS)
 	target := reg.Target()
 	// Each case has a snapshot of its own name: its memory file, which holds the name, is a blob of
 	// its own that the case can break.

@@ -88,7 +88,7 @@ func (n *node) seedRealGuestImage(g *realguest.Guest, name string) {
 	if err := testimage.WriteOCILayer(&layer, testimage.LayerOptions{Kernel: kernel, Initrd: initrd}); err != nil {
 		n.t.Fatal(err)
 	}
-	if _, err := cocoonsim.SeedOCIImage(context.Background(), n.rootDir, name, &layer); err != nil {
+	if _, err := cocoonsim.SeedOCIImage(context.Background(), n.RootDir, name, &layer); err != nil {
 		n.t.Fatal(err)
 	}
 }
@@ -120,9 +120,9 @@ func (n *node) cocoonInNode(podID string, args ...string) string {
 }
 
 func (n *node) cocoonCommand(podID string, args ...string) ([]byte, error) {
-	network := filepath.Join(n.stateDir, "network")
-	full := append([]string{bins.cocoonSim,
-		"--root-dir", n.rootDir, "--run-dir", n.runDir, "--log-dir", n.logDir,
+	network := filepath.Join(n.StateDir, "network")
+	full := append([]string{bins.CocoonSim,
+		"--root-dir", n.RootDir, "--run-dir", n.RunDir, "--log-dir", n.LogDir,
 		"--cni-conf-dir", filepath.Join(network, "pods", podID, "net.d"), "--cni-bin-dir", filepath.Join(network, "bin"),
 	}, args...)
 	return nsenterNode(n, full...)
@@ -130,8 +130,8 @@ func (n *node) cocoonCommand(podID string, args ...string) ([]byte, error) {
 
 // nsenterNode runs a command in the node's network namespace, where cocoon-cri runs.
 func nsenterNode(n *node, args ...string) ([]byte, error) {
-	cmd := exec.Command("nsenter", append([]string{"--net=" + n.nodeNS, "--"}, args...)...)
-	cmd.Env = append(os.Environ(), cocoonsim.NetnsDirEnv+"="+n.vmNetns)
+	cmd := exec.Command("nsenter", append([]string{"--net=" + n.NodeNS, "--"}, args...)...)
+	cmd.Env = append(os.Environ(), cocoonsim.NetnsDirEnv+"="+n.VMNetns)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

@@ -1,10 +1,7 @@
 package e2e
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -18,6 +15,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim"
+	"github.com/cocoonstack/cocoon-cri/test/harness"
 )
 
 // statsJSON runs crictl stats or statsp with -o json and returns the "stats" list.
@@ -125,7 +123,7 @@ func TestStatsShowTheVMsUsage(t *testing.T) {
 	}
 	// The writable layer is the VM's copy-on-write disk, on cocoon's run dir.
 	if u64(st, "writableLayer", "usedBytes") == 0 || u64(st, "writableLayer", "inodesUsed") != 1 ||
-		field(st, "writableLayer", "fsId", "mountpoint") != n.runDir {
+		field(st, "writableLayer", "fsId", "mountpoint") != n.RunDir {
 		t.Fatalf("writable layer: %v", st["writableLayer"])
 	}
 
@@ -187,94 +185,10 @@ func TestStatsShowTheVMsUsage(t *testing.T) {
 // runningPodIn starts one more container in a pod made by runningPod.
 func (n *node) runningPodIn(podID, name string) (string, string, string) {
 	n.t.Helper()
-	podFile := filepath.Join(n.dir, "meter-pod.json")
+	podFile := filepath.Join(n.Dir, "meter-pod.json")
 	ctrID := n.mustCrictl("create", "--no-pull", podID, n.configFile(name+"-ctr.json", containerConfig(name, cloudRef)), podFile)
 	n.mustCrictl("start", ctrID)
 	return podID, ctrID, podFile
-}
-
-// testCgroupParent is a cgroup path the test owns. It is removed from every hierarchy when the
-// test ends, also when it fails, after the node (and with it every VM) is gone: register it before
-// newNode, since cleanups run last-registered first.
-func testCgroupParent(t *testing.T) string {
-	t.Helper()
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	parent := "/cocoon-cri-e2e-" + hex.EncodeToString(b)
-	t.Cleanup(func() {
-		for _, d := range cgroupDirs(parent) {
-			var dirs []string
-			_ = filepath.WalkDir(d, func(p string, e os.DirEntry, err error) error {
-				if err == nil && e.IsDir() {
-					dirs = append(dirs, p)
-				}
-				return nil
-			})
-			slices.Reverse(dirs) // children first
-			for _, dir := range dirs {
-				// Killed processes hold a cgroup until they are reaped.
-				var err error
-				for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-					if err = os.Remove(dir); err == nil || errors.Is(err, os.ErrNotExist) || time.Now().After(deadline) {
-						break
-					}
-				}
-				if err != nil && !errors.Is(err, os.ErrNotExist) {
-					t.Errorf("remove test cgroup %s: %v", dir, err)
-				}
-			}
-		}
-	})
-	return parent
-}
-
-// makeCgroup creates cgroup in every hierarchy under /sys/fs/cgroup (v1) or in the unified one,
-// with the cpusets of the root, which a new v1 cpuset lacks.
-func makeCgroup(t *testing.T, cgroup string) {
-	t.Helper()
-	entries, err := os.ReadDir("/sys/fs/cgroup")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
-		entries = nil // v2: one hierarchy
-		if err := os.MkdirAll(filepath.Join("/sys/fs/cgroup", cgroup), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, e := range entries {
-		hierarchy := filepath.Join("/sys/fs/cgroup", e.Name())
-		if _, err := os.Stat(filepath.Join(hierarchy, "cgroup.procs")); err != nil {
-			continue // not a v1 hierarchy (or a link to one)
-		}
-		dir := filepath.Join(hierarchy, cgroup)
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
-			if data, err := os.ReadFile(filepath.Join(hierarchy, f)); err == nil {
-				if err := os.WriteFile(filepath.Join(dir, f), data, 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-		}
-	}
-}
-
-// cgroupDirs lists where cgroup exists, in every hierarchy under /sys/fs/cgroup.
-func cgroupDirs(cgroup string) []string {
-	var found []string
-	entries, _ := os.ReadDir("/sys/fs/cgroup")
-	for _, e := range entries {
-		d := filepath.Join("/sys/fs/cgroup", e.Name(), cgroup)
-		if _, err := os.Stat(d); err == nil {
-			found = append(found, d)
-		}
-	}
-	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", cgroup, "cgroup.procs")); err == nil {
-		found = append(found, filepath.Join("/sys/fs/cgroup", cgroup)) // cgroup v2
-	}
-	return found
 }
 
 // procCgroups reads /proc/<pid>/cgroup: the cgroup per controller (v1) or "" (v2).
@@ -326,7 +240,7 @@ func cgroupV1() bool {
 // the pod's limits and the kubelet's accounting cover the VM; nothing is left after removal,
 // neither the container's cgroup nor a parent cocoon-cri had to make.
 func TestCgroupParentHoldsTheHypervisor(t *testing.T) {
-	parent := testCgroupParent(t)
+	parent := harness.CgroupParent(t)
 	n := newNode(t)
 	n.withSnapshot()
 	pod := n.podConfig("fenced", "uid-fenced")
@@ -367,7 +281,7 @@ func TestCgroupParentHoldsTheHypervisor(t *testing.T) {
 	// The VM's cgroup goes as the VM stops; a parent cocoon-cri made goes with the container.
 	n.mustCrictl("stop", ctrID)
 	deadline := time.Now().Add(30 * time.Second)
-	for left := cgroupDirs(cgroup); len(left) != 0; left = cgroupDirs(cgroup) {
+	for left := harness.CgroupDirs(cgroup); len(left) != 0; left = harness.CgroupDirs(cgroup) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the container's cgroup is left 30 s after stop: %v", left)
 		}
@@ -376,7 +290,7 @@ func TestCgroupParentHoldsTheHypervisor(t *testing.T) {
 	n.mustCrictl("rm", ctrID)
 	n.mustCrictl("stopp", podID)
 	n.mustCrictl("rmp", podID)
-	if left := cgroupDirs(parent); len(left) != 0 {
+	if left := harness.CgroupDirs(parent); len(left) != 0 {
 		t.Fatalf("cgroups left after the pod was removed: %v", left)
 	}
 
@@ -409,7 +323,7 @@ func TestCgroupParentTheKubeletMadeStays(t *testing.T) {
 	if !cgroupV1() {
 		t.Skip("the test makes the parent in v1 hierarchies")
 	}
-	parent := testCgroupParent(t)
+	parent := harness.CgroupParent(t)
 	hiers := makePodCgroup(t, parent)
 	n := newNode(t)
 	n.withSnapshot()
@@ -423,7 +337,7 @@ func TestCgroupParentTheKubeletMadeStays(t *testing.T) {
 		t.Fatalf("memory cgroup.procs: %v", procs)
 	}
 	n.mustCrictl("rmp", "--force", podID)
-	if left := cgroupDirs(parent + "/" + ctrID); len(left) != 0 {
+	if left := harness.CgroupDirs(parent + "/" + ctrID); len(left) != 0 {
 		t.Fatalf("the container's cgroup is left: %v", left)
 	}
 	for _, hier := range hiers {

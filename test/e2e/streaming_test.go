@@ -295,7 +295,7 @@ func TestAttachFeedsTheCommandsStdin(t *testing.T) {
 // its output is kept for failures.
 func (n *node) portForward(podID, ports string) (stop func(), out *syncio.Tail) {
 	n.t.Helper()
-	fwd := exec.Command("nsenter", "--net="+n.nodeNS, "--", bins.crictl, "--runtime-endpoint", "unix://"+n.socket, "port-forward", podID, ports)
+	fwd := exec.Command("nsenter", "--net="+n.NodeNS, "--", bins.Crictl, "--runtime-endpoint", "unix://"+n.Socket, "port-forward", podID, ports)
 	fwd.Env = append(os.Environ(), "CRI_CONFIG_FILE="+os.DevNull)
 	out = &syncio.Tail{Max: 1 << 20}
 	fwd.Stdout, fwd.Stderr = out, out
@@ -311,7 +311,7 @@ func (n *node) portForward(podID, ports string) (stop func(), out *syncio.Tail) 
 // through it, one and then many at once (each connection is a stream of its own).
 func TestPortForwardReachesTheGuest(t *testing.T) {
 	n := newNode(t)
-	n.importImage(snapRef, n.snapshotImage("web", testimage.SnapshotOptions{Guest: guest.Spec{HTTPPort: 80}}))
+	n.ImportImage(snapRef, n.SnapshotImage("web", testimage.SnapshotOptions{Guest: guest.Spec{HTTPPort: 80}}))
 	podID, _, _ := n.runningPod("web", snapRef)
 	_, fwdOut := n.portForward(podID, "18080:80")
 	var body string
@@ -319,7 +319,7 @@ func TestPortForwardReachesTheGuest(t *testing.T) {
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		var status int
-		status, body, err = n.httpGetInNode("http://127.0.0.1:18080/")
+		status, body, err = n.HTTPGetInNode("http://127.0.0.1:18080/")
 		if err == nil && status != http.StatusOK {
 			err = fmt.Errorf("status %d", status)
 		}
@@ -335,7 +335,7 @@ func TestPortForwardReachesTheGuest(t *testing.T) {
 	errs := make(chan error, 16)
 	for range 16 {
 		wg.Go(func() {
-			status, page, err := n.httpGetInNode("http://127.0.0.1:18080/")
+			status, page, err := n.HTTPGetInNode("http://127.0.0.1:18080/")
 			if err == nil && (status != http.StatusOK || page != body) {
 				err = fmt.Errorf("status %d, page %q", status, page)
 			}
@@ -387,7 +387,7 @@ func sshOnlyNode(t *testing.T) *node {
 	t.Helper()
 	key, authorized := sshKeyPair(t)
 	n := newNodeWithEnv(t, []string{cocoonsim.VersionEnv + "=0.3.8"}, "--guest-ssh-key-file", key)
-	n.importImage(cloudRef, n.cloudImageWithGuest("sshd", guest.Spec{SSHAuthorizedKey: authorized}))
+	n.ImportImage(cloudRef, n.cloudImageWithGuest("sshd", guest.Spec{SSHAuthorizedKey: authorized}))
 	return n
 }
 
@@ -432,7 +432,7 @@ func TestStreamsAcrossARestart(t *testing.T) {
 	n.waitLog(cmdCtr, "started")
 	cmdVM := n.vmPID(cmdCtr)
 
-	n.restart()
+	n.Restart()
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -470,7 +470,7 @@ func TestStreamsAcrossARestart(t *testing.T) {
 func TestGuestWithoutAgentFallsBackPerVM(t *testing.T) {
 	key, authorized := sshKeyPair(t)
 	n := newNode(t, "--guest-ssh-key-file", key, "--guest-ready-timeout", "3s")
-	n.importImage(cloudRef, n.cloudImageWithGuest("noagent", guest.Spec{SSHAuthorizedKey: authorized, NoAgent: true}))
+	n.ImportImage(cloudRef, n.cloudImageWithGuest("noagent", guest.Spec{SSHAuthorizedKey: authorized, NoAgent: true}))
 	_, ctrID, _ := n.runningPod("web", cloudRef)
 	deadline := time.Now().Add(60 * time.Second)
 	for {
@@ -488,7 +488,7 @@ func TestGuestWithoutAgentFallsBackPerVM(t *testing.T) {
 	}
 
 	bare := newNode(t, "--guest-ready-timeout", "3s")
-	bare.importImage(snapRef, bare.snapshotImage("bare", testimage.SnapshotOptions{Guest: guest.Spec{NoAgent: true}}))
+	bare.ImportImage(snapRef, bare.SnapshotImage("bare", testimage.SnapshotOptions{Guest: guest.Spec{NoAgent: true}}))
 	_, bareID, _ := bare.runningPod("bare", snapRef)
 	for _, attempt := range []string{"first", "second"} {
 		_, err := bare.crictl("exec", "--sync", bareID, "true")

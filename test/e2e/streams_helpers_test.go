@@ -2,12 +2,8 @@ package e2e
 
 import (
 	"context"
-	"crypto/tls"
 	"io"
-	"net"
-	"net/http"
 	"net/url"
-	"strings"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -59,7 +55,7 @@ func (n *node) stream(ctx context.Context, rawURL string, stdin io.Reader, want 
 	}
 	// The connection is dialled on this goroutine, so from the node's namespace; the goroutines
 	// the stream starts only use it.
-	nsErr := ns.WithNetNSPath(n.nodeNS, func(ns.NetNS) error {
+	nsErr := ns.WithNetNSPath(n.NodeNS, func(ns.NetNS) error {
 		err = executor.StreamWithContext(ctx, opts)
 		return nil
 	})
@@ -118,34 +114,4 @@ func (r *slowReader) Read(p []byte) (int, error) {
 // within gives a stream the time a healthy one needs, generously.
 func within() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), time.Minute)
-}
-
-// httpGetInNode fetches url from the node's network namespace. The connection is dialled there
-// explicitly: net/http dials on goroutines of its own, which run in whatever namespace their
-// thread has.
-func (n *node) httpGetInNode(url string) (status int, body string, err error) {
-	// Generous: sixteen of these run at once through the race-built daemon on two cores.
-	client := &http.Client{Timeout: time.Minute, Transport: &http.Transport{
-		DisableKeepAlives: true,
-		TLSClientConfig:   &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // the test kubelet's self-signed certificate
-		DialContext: func(ctx context.Context, network, addr string) (conn net.Conn, err error) {
-			nsErr := ns.WithNetNSPath(n.nodeNS, func(ns.NetNS) error {
-				var d net.Dialer
-				conn, err = d.DialContext(ctx, network, addr)
-				return nil
-			})
-			if nsErr != nil {
-				return nil, nsErr
-			}
-			return conn, err
-		},
-	}}
-	resp, err := client.Get(url)
-	if err != nil {
-		return 0, "", err
-	}
-	defer resp.Body.Close()
-	var buf strings.Builder
-	_, err = io.Copy(&buf, resp.Body)
-	return resp.StatusCode, buf.String(), err
 }

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/cocoonstack/cocoon-cri/test/harness"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
 )
 
@@ -90,7 +91,7 @@ func checkVolumesAfterRestart(t *testing.T, n *node) {
 		cfg.Mounts = []*runtimeapi.Mount{{ContainerPath: "/etc/app", HostPath: configMap, Readonly: true}}
 	})
 	swapReaches(t, n, ctrID, configMap, "..2026_11_25_10_01_00.2", "bonjour")
-	n.restart()
+	n.Restart()
 	swapReaches(t, n, ctrID, configMap, "..2026_11_25_10_02_00.3", "hola")
 }
 
@@ -214,9 +215,9 @@ func TestVolumeRefusals(t *testing.T) {
 			{ContainerPath: "/dev/termination-log", HostPath: termLog},
 		}
 	})
-	for deadline := time.Now().Add(time.Minute); !strings.Contains(old.log(), `msg="the guest has the container's devices and volumes" container=`+ctrID); time.Sleep(100 * time.Millisecond) {
+	for deadline := time.Now().Add(time.Minute); !strings.Contains(old.Log(), `msg="the guest has the container's devices and volumes" container=`+ctrID); time.Sleep(100 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("the guest was never ready for the container:\n%s", old.log())
+			t.Fatalf("the guest was never ready for the container:\n%s", old.Log())
 		}
 	}
 	if st := field(old.inspect("inspect", ctrID), "status", "state"); st != "CONTAINER_RUNNING" {
@@ -232,7 +233,7 @@ func TestVolumeRefusals(t *testing.T) {
 func TestVolumesAreSharedWithTheGuest(t *testing.T) {
 	n := newNode(t)
 	const sharedRef = "e2e/shared:v1"
-	n.importImage(sharedRef, n.snapshotImage("shared", testimage.SnapshotOptions{SharedMemory: true}))
+	n.ImportImage(sharedRef, n.SnapshotImage("shared", testimage.SnapshotOptions{SharedMemory: true}))
 	configMap := t.TempDir()
 	kubeletAtomicWrite(t, configMap, "..2026_11_26_10_00_00.1", map[string]string{"greeting": "hello"})
 	emptyDir := t.TempDir()
@@ -261,7 +262,7 @@ func TestVolumesAreSharedWithTheGuest(t *testing.T) {
 		return n.mustCrictl("exec", ctrID, "sh", "-c", script)
 	}
 	// virtiofsd runs as two processes: the one cocoon-cri started, and its sandboxed child.
-	servers := n.virtiofsds()
+	servers := n.Virtiofsds()
 	if len(servers) == 0 {
 		t.Fatal("no virtiofsd serves the node's share")
 	}
@@ -288,45 +289,23 @@ func TestVolumesAreSharedWithTheGuest(t *testing.T) {
 	}
 	swapReaches(t, n, ctrID, configMap, "..2026_11_26_10_01_00.2", "bonjour")
 
-	n.restart()
+	n.Restart()
 	swapReaches(t, n, ctrID, configMap, "..2026_11_26_10_02_00.3", "hola")
-	if after := n.virtiofsds(); !slices.Equal(after, servers) {
+	if after := n.Virtiofsds(); !slices.Equal(after, servers) {
 		t.Fatalf("virtiofsd after a restart of cocoon-cri: %v, want the same %v", after, servers)
 	}
 
 	n.mustCrictl("stop", ctrID)
-	if left := n.virtiofsds(); len(left) != 0 {
+	if left := n.Virtiofsds(); len(left) != 0 {
 		t.Fatalf("virtiofsd left after the container stopped: %v", left)
 	}
-	if mounts := mountsUnder(t, filepath.Join(n.stateDir, "shares")); len(mounts) != 0 {
+	if mounts := harness.MountsUnder(t, filepath.Join(n.StateDir, "shares")); len(mounts) != 0 {
 		t.Fatalf("the share's binds left after the container stopped: %v", mounts)
 	}
-	if entries, _ := os.ReadDir(filepath.Join(n.stateDir, "shares")); len(entries) != 0 {
+	if entries, _ := os.ReadDir(filepath.Join(n.StateDir, "shares")); len(entries) != 0 {
 		t.Fatalf("the shares directory holds %d entries after the container stopped", len(entries))
 	}
 	if got, err := os.ReadFile(filepath.Join(emptyDir, "written")); err != nil || string(got) != "from-guest\n" {
 		t.Fatalf("the volume after the share went: %q, %v", got, err)
 	}
-}
-
-// virtiofsds lists the PIDs of the virtiofsd processes serving this node's shares.
-func (n *node) virtiofsds() []int {
-	return processesWhose(func(args string) bool {
-		return strings.Contains(args, "virtiofsd") && strings.Contains(args, n.stateDir+"/shares/")
-	})
-}
-
-// mountsUnder lists the mount points below dir, in the order they were mounted.
-func mountsUnder(t *testing.T, dir string) []string {
-	data, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for line := range strings.Lines(string(data)) {
-		if fields := strings.Fields(line); len(fields) > 4 && strings.HasPrefix(fields[4], dir+"/") {
-			out = append(out, fields[4])
-		}
-	}
-	return out
 }

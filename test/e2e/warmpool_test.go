@@ -75,7 +75,7 @@ func (n *node) cocoonVMNames(prefix string) []string {
 // the pool refills; a restart adopts the pool; RemoveImage drains it.
 func TestWarmPoolHandsReadyVMsToPods(t *testing.T) {
 	n := newNode(t, "--warm-pool", snapRef+"=2")
-	n.importImage(snapRef, n.snapshotImage("web", testimage.SnapshotOptions{Guest: guest.Spec{HTTPPort: 80}}))
+	n.ImportImage(snapRef, n.SnapshotImage("web", testimage.SnapshotOptions{Guest: guest.Spec{HTTPPort: 80}}))
 	n.waitPoolReady(2)
 	pool := n.cocoonVMNames("cri-pool-")
 	if len(pool) != 2 {
@@ -128,7 +128,7 @@ func TestWarmPoolHandsReadyVMsToPods(t *testing.T) {
 	// The pool refills; a restart adopts its VMs rather than cloning new ones.
 	n.waitPoolReady(2)
 	refilled := slices.DeleteFunc(n.cocoonVMNames("cri-pool-"), func(name string) bool { return slices.Contains(pool, name) })
-	n.restart()
+	n.Restart()
 	n.waitPoolReady(2)
 	after := slices.DeleteFunc(n.cocoonVMNames("cri-pool-"), func(name string) bool { return slices.Contains(pool, name) })
 	if !slices.Equal(after, refilled) {
@@ -200,31 +200,31 @@ func (n *node) checkOnlyPoolLeft(when string) {
 func TestCrashInAWarmPoolHandOver(t *testing.T) {
 	n := newNodeWithEnv(t, []string{faultpoint.EnvVar + "=cocoon vm clone/after"}, "--warm-pool", snapRef+"=1")
 	n.withSnapshot() // the pool fills, and its clone is the daemon's first
-	if !n.died(time.Minute) {
+	if !n.Died(time.Minute) {
 		t.Fatal("cocoon-cri did not die after the pool's clone")
 	}
-	n.env = nil
-	n.start()
+	n.Env = nil
+	n.Start()
 	n.waitPoolReady(1)
 	n.checkOnlyPoolLeft("after a crash in the pool's fill")
 
-	n.bin = bins.cocoonCRIPlain
+	n.Bin = bins.CocoonCRIPlain
 	for i, point := range []string{faultpoint.HandOverClaimed, faultpoint.HandOverTaken, "placeholder set aside",
 		"pod interface handed over", faultpoint.HandOverGuestSetUp} {
 		name := fmt.Sprintf("handover-%d", i)
-		n.stop()
-		n.env = []string{faultpoint.EnvVar + "=" + point}
-		n.start()
+		n.Stop()
+		n.Env = []string{faultpoint.EnvVar + "=" + point}
+		n.Start()
 		n.waitPoolReady(1)
 		pod := n.podConfig(name, "uid-"+name)
 		podFile := n.configFile(name+"-pod.json", pod)
 		podID := n.mustCrictl("runp", "--runtime", "cocoon", podFile)
 		ctr := n.mustCrictl("create", "--no-pull", podID, n.configFile(name+"-ctr.json", containerConfig("app", snapRef)), podFile)
-		if _, err := n.crictl("start", ctr); err == nil || !n.died(5*time.Second) {
+		if _, err := n.crictl("start", ctr); err == nil || !n.Died(5*time.Second) {
 			t.Fatalf("%s: the start did not die there: %v", point, err)
 		}
-		n.env = nil
-		n.start()
+		n.Env = nil
+		n.Start()
 		if state := field(n.inspect("inspect", ctr), "status", "state"); state == "CONTAINER_CREATED" {
 			n.mustCrictl("start", ctr)
 		}
@@ -237,8 +237,8 @@ func TestCrashInAWarmPoolHandOver(t *testing.T) {
 		n.checkOnlyPoolLeft(point)
 	}
 
-	n.extra = nil
-	n.restart()
+	n.Extra = nil
+	n.Restart()
 	if vms := n.vms(); len(vms) != 0 {
 		t.Fatalf("VMs left after a restart without the pool: %+v", vms)
 	}

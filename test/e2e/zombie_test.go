@@ -32,9 +32,9 @@ func TestUnreapedHypervisorIsCrashed(t *testing.T) {
 			n.checkCrashed(n.waitExited(liveCtr), livePID)
 
 			downPID := n.vmPID(downCtr)
-			n.kill()
+			n.Kill()
 			n.killToZombie(downPID)
-			n.start()
+			n.Start()
 			st := n.inspect("inspect", downCtr)["status"].(map[string]any)
 			if st["state"] != "CONTAINER_EXITED" {
 				t.Fatalf("after a restart, the container whose hypervisor is a zombie: %v", st)

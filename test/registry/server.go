@@ -13,7 +13,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"testing"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
@@ -55,7 +54,7 @@ func Available() error {
 }
 
 // Start runs a registry server until the test ends; it fails the test when it cannot.
-func Start(t testing.TB, opts Options) *Server {
+func Start(t testproc.TB, opts Options) *Server {
 	t.Helper()
 	if err := Available(); err != nil {
 		t.Fatal(err)

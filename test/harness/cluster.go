@@ -1,4 +1,4 @@
-package e2e
+package harness
 
 import (
 	"crypto/ecdsa"
@@ -18,6 +18,8 @@ import (
 	"strings"
 	"time"
 
+	containerdtest "github.com/cocoonstack/cocoon-cri/test/containerd"
+
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
@@ -34,15 +36,15 @@ const (
 	clusterNodeIP   = "10.89.255.2"
 	clusterLinkBits = 30
 	clusterHostLink = "ccri-cluster"
-	clusterNodeLink = "eth0"
+	ClusterNodeLink = "eth0"
 	apiServerPort   = "6443"
 	// clusterServiceRange is where Services get their cluster IPs; kube-proxy on every node
 	// forwards them to their pods.
 	clusterServiceRange = "10.96.0.0/24"
 	// clusterPodRange holds every node's pod subnet (10.88.<node index>.0/24).
 	clusterPodRange = "10.88.0.0/16"
-	// clusterDNSIP is the kube-dns Service's cluster IP, the pods' resolver.
-	clusterDNSIP = "10.96.0.10"
+	// ClusterDNSIP is the kube-dns Service's cluster IP, the pods' resolver.
+	ClusterDNSIP = "10.96.0.10"
 	// cocoonNodeLabel is what deploy/runtimeclass.yaml schedules cocoon pods onto.
 	cocoonNodeLabel = "cocoonstack.io/runtime=cocoon-cri"
 )
@@ -53,37 +55,38 @@ const (
 const (
 	fabricRange = "10.89.0.0/24"
 	fabricIP    = "10.89.0.1"
-	// clusterRegistry is the registry's address on the fabric, reached over plain HTTP.
-	clusterRegistry = fabricIP + ":5000"
+	// ClusterRegistry is the registry's address on the fabric, reached over plain HTTP.
+	ClusterRegistry = fabricIP + ":5000"
 	fabricBits      = 24
 	fabricBridge    = "fabric0"
-	fabricNodeLink  = "eth1"
-	// maxClusterNodes is what hack/cluster.sh up --nodes takes.
-	maxClusterNodes = 3
+	FabricNodeLink  = "eth1"
+	// MaxClusterNodes is what hack/cluster.sh up --nodes takes.
+	MaxClusterNodes = 3
 )
 
 // clusterNode is one node of a cluster: a cocoon-cri (started) with containerd beside it, in its
 // own network namespace, and the kubelet registered for it.
 type clusterNode struct {
-	n    *node
-	name string
+	n          *Node
+	containerd *containerdtest.Daemon
+	name       string
 	// index is the node's place in the cluster: 0 holds the control plane.
 	index int
-	// cgroupRoot is where its kubelet makes pod cgroups (testCgroupParent).
+	// cgroupRoot is where its kubelet makes pod cgroups (CgroupParent).
 	cgroupRoot string
-	kubelet    *kubelet
+	kubelet    *Kubelet
 }
 
-// nodeName is the kubelet's name of the node at index: the first is the one-node cluster's.
-func nodeName(index int) string {
+// NodeName is the kubelet's name of the node at index: the first is the one-node cluster's.
+func NodeName(index int) string {
 	if index == 0 {
-		return kubeletNodeName
+		return KubeletNodeName
 	}
-	return fmt.Sprintf("%s-%d", kubeletNodeName, index+1)
+	return fmt.Sprintf("%s-%d", KubeletNodeName, index+1)
 }
 
-// podNetwork is the pod subnet of the node at index and its gateway, on the node's bridge.
-func podNetwork(index int) (subnet, gateway string) {
+// PodNetwork is the pod subnet of the node at index and its gateway, on the node's bridge.
+func PodNetwork(index int) (subnet, gateway string) {
 	return fmt.Sprintf("10.88.%d.0/24", index), fmt.Sprintf("10.88.%d.1", index)
 }
 
@@ -99,16 +102,16 @@ func (cn *clusterNode) ip() string {
 	return fabricAddress(cn.index)
 }
 
-// cluster is a Kubernetes of one to three nodes: etcd, kube-apiserver, kube-controller-manager and
+// Cluster is a Kubernetes of one to three nodes: etcd, kube-apiserver, kube-controller-manager and
 // kube-scheduler in the first node's namespace, and on every node a kubelet and kube-proxy. A
 // registry on the fabric serves every node. Every process is stopped by PID when the test ends, in
 // the reverse order of its start.
-type cluster struct {
-	n   *node // the first node's
+type Cluster struct {
+	n   *Node // the first node's
 	dir string
 	// kubeconfig is the administrator's, for kubectl on the host.
 	kubeconfig string
-	kubelet    *kubelet // the first node's
+	kubelet    *Kubelet // the first node's
 	nodes      []*clusterNode
 	fabric     string // the fabric's namespace
 	registry   *registry.Server
@@ -117,16 +120,16 @@ type cluster struct {
 // startCluster brings the control plane up beside the nodes' cocoon-cri (already started), then a
 // kubelet and kube-proxy on each, and waits until every node is Ready, the cocoon RuntimeClass
 // exists and the default namespace has its service account.
-func startCluster(nodes []*clusterNode) *cluster {
+func startCluster(nodes []*clusterNode) *Cluster {
 	n := nodes[0].n
-	n.t.Helper()
-	c := &cluster{n: n, dir: filepath.Join(n.dir, "cluster"), nodes: nodes}
+	n.T.Helper()
+	c := &Cluster{n: n, dir: filepath.Join(n.Dir, "cluster"), nodes: nodes}
 	if err := os.MkdirAll(c.dir, 0o700); err != nil {
-		n.t.Fatal(err)
+		n.T.Fatal(err)
 	}
 	c.linkHost()
 	c.joinFabric()
-	c.registry = registry.Start(n.t, registry.Options{NetNS: c.fabric, Addr: clusterRegistry})
+	c.registry = registry.Start(n.T, registry.Options{NetNS: c.fabric, Addr: ClusterRegistry})
 	names := make([]string, len(nodes))
 	for i, cn := range nodes {
 		names[i] = cn.name
@@ -136,13 +139,13 @@ func startCluster(nodes []*clusterNode) *cluster {
 	inNode := "https://" + net.JoinHostPort("127.0.0.1", apiServerPort)
 	onFabric := "https://" + net.JoinHostPort(fabricAddress(0), apiServerPort)
 
-	c.run(n, "etcd", bins.etcd, "--name", "node", "--data-dir", filepath.Join(c.dir, "etcd"),
+	c.run(n, "etcd", Bins.Etcd, "--name", "node", "--data-dir", filepath.Join(c.dir, "etcd"),
 		"--listen-client-urls", "http://127.0.0.1:2379", "--advertise-client-urls", "http://127.0.0.1:2379",
 		"--listen-peer-urls", "http://127.0.0.1:2380", "--initial-advertise-peer-urls", "http://127.0.0.1:2380",
 		"--initial-cluster", "node=http://127.0.0.1:2380", "--listen-metrics-urls", "http://127.0.0.1:2381")
 	c.waitFor("etcd's health", func() error { return httpOK(n, "http://127.0.0.1:2381/health") })
 
-	c.run(n, "kube-apiserver", bins.kubeAPIServer, "--etcd-servers", "http://127.0.0.1:2379",
+	c.run(n, "kube-apiserver", Bins.KubeAPIServer, "--etcd-servers", "http://127.0.0.1:2379",
 		"--bind-address", "0.0.0.0", "--secure-port", apiServerPort, "--advertise-address", clusterNodeIP,
 		"--tls-cert-file", pki.serverCert, "--tls-private-key-file", pki.serverKey, "--client-ca-file", pki.caFile,
 		"--token-auth-file", pki.tokenFile, "--authorization-mode", "Node,RBAC",
@@ -153,11 +156,11 @@ func startCluster(nodes []*clusterNode) *cluster {
 	c.waitFor("the API server's readiness", func() error { return httpOK(n, inNode+"/readyz") })
 
 	controllers := c.writeKubeconfig("controller-manager", inNode, pki.ca, pki.tokens["controller-manager"])
-	c.run(n, "kube-controller-manager", bins.kubeControllerManager, "--kubeconfig", controllers,
+	c.run(n, "kube-controller-manager", Bins.KubeControllerManager, "--kubeconfig", controllers,
 		"--service-account-private-key-file", pki.saKey, "--root-ca-file", pki.caFile,
 		"--leader-elect=false", "--bind-address", "127.0.0.1", "--profiling=false")
 	scheduler := c.writeKubeconfig("scheduler", inNode, pki.ca, pki.tokens["scheduler"])
-	c.run(n, "kube-scheduler", bins.kubeScheduler, "--kubeconfig", scheduler,
+	c.run(n, "kube-scheduler", Bins.KubeScheduler, "--kubeconfig", scheduler,
 		"--leader-elect=false", "--bind-address", "127.0.0.1", "--profiling=false")
 
 	c.startDNS(c.writeKubeconfig("coredns", inNode, pki.ca, pki.tokens["coredns"]))
@@ -167,17 +170,17 @@ func startCluster(nodes []*clusterNode) *cluster {
 		if cn.index == 0 {
 			server = inNode
 		}
-		cn.kubelet = cn.n.startKubeletWith(kubeletOptions{
-			name:       cn.name,
-			kubeconfig: c.writeKubeconfig("kubelet-"+cn.name, server, pki.ca, pki.tokens["kubelet-"+cn.name]),
-			nodeIP:     cn.ip(), labels: cocoonNodeLabel, cgroupRoot: cn.cgroupRoot, clusterDNS: clusterDNSIP,
+		cn.kubelet = cn.n.StartKubeletWith(KubeletOptions{
+			Name:       cn.name,
+			Kubeconfig: c.writeKubeconfig("kubelet-"+cn.name, server, pki.ca, pki.tokens["kubelet-"+cn.name]),
+			NodeIP:     cn.ip(), Labels: cocoonNodeLabel, CgroupRoot: cn.cgroupRoot, ClusterDNS: ClusterDNSIP,
 		})
 		c.startKubeProxy(cn, c.writeKubeconfig("kube-proxy-"+cn.name, server, pki.ca, pki.tokens["kube-proxy"]))
 	}
 	c.kubelet = nodes[0].kubelet
-	root, err := repoRoot()
+	root, err := RepoRoot()
 	if err != nil {
-		n.t.Fatal(err)
+		n.T.Fatal(err)
 	}
 	c.waitFor("the cocoon RuntimeClass", func() error {
 		_, err := c.kubectl("apply", "-f", filepath.Join(root, "deploy", "runtimeclass.yaml"))
@@ -224,7 +227,7 @@ apiVersion: v1
 kind: Service
 metadata: {name: kube-dns, namespace: kube-system, labels: {k8s-app: kube-dns}}
 spec:
-  clusterIP: ` + clusterDNSIP + `
+  clusterIP: ` + ClusterDNSIP + `
   ports:
   - {name: dns, port: 53, protocol: UDP}
   - {name: dns-tcp, port: 53, protocol: TCP}
@@ -245,8 +248,8 @@ ports:
 
 // startDNS runs CoreDNS (bin/coredns: the kubernetes plugin and little else) on the first node,
 // serving cluster.local from the API server, and waits until it has read the API.
-func (c *cluster) startDNS(kubeconfig string) {
-	c.n.t.Helper()
+func (c *Cluster) startDNS(kubeconfig string) {
+	c.n.T.Helper()
 	c.waitFor("the cluster DNS objects", func() error {
 		_, err := c.kubectlStdin(clusterDNSObjects, "apply", "-f", "-")
 		return err
@@ -265,16 +268,16 @@ func (c *cluster) startDNS(kubeconfig string) {
 }
 `, kubeconfig)
 	if err := os.WriteFile(corefile, []byte(data), 0o600); err != nil {
-		c.n.t.Fatal(err)
+		c.n.T.Fatal(err)
 	}
-	c.run(c.n, "coredns", bins.coreDNS, "-conf", corefile, "-dns.port", "53")
+	c.run(c.n, "coredns", Bins.CoreDNS, "-conf", corefile, "-dns.port", "53")
 	c.waitFor("CoreDNS's readiness", func() error { return httpOK(c.n, "http://127.0.0.1:8181/ready") })
 }
 
 // startKubeProxy runs kube-proxy in iptables mode in the node's namespace. Its conntrack settings
 // are left alone: they are the host's, not the namespace's.
-func (c *cluster) startKubeProxy(cn *clusterNode, kubeconfig string) {
-	cn.n.t.Helper()
+func (c *Cluster) startKubeProxy(cn *clusterNode, kubeconfig string) {
+	cn.n.T.Helper()
 	config := filepath.Join(c.dir, "kube-proxy-"+cn.name+".yaml")
 	data := fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
@@ -287,16 +290,16 @@ healthzBindAddress: 127.0.0.1:10256
 conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
 `, kubeconfig, cn.name, clusterPodRange)
 	if err := os.WriteFile(config, []byte(data), 0o600); err != nil {
-		cn.n.t.Fatal(err)
+		cn.n.T.Fatal(err)
 	}
-	c.run(cn.n, "kube-proxy-"+cn.name, bins.kubeProxy, "--config", config)
+	c.run(cn.n, "kube-proxy-"+cn.name, Bins.KubeProxy, "--config", config)
 	c.waitFor("kube-proxy's health on "+cn.name, func() error { return httpOK(cn.n, "http://127.0.0.1:10256/livez") })
 }
 
 // linkHost connects the first node's namespace to the host with a veth pair of its own
 // addresses, and routes the fabric through it.
-func (c *cluster) linkHost() {
-	t := c.n.t
+func (c *Cluster) linkHost() {
+	t := c.n.T
 	t.Helper()
 	routes, err := netlink.RouteList(nil, netlink.FAMILY_V4)
 	if err != nil {
@@ -308,13 +311,13 @@ func (c *cluster) linkHost() {
 			t.Fatalf("the host already routes %s (%s): the cluster's link would shadow it", r.Dst, r)
 		}
 	}
-	nodeNS, err := os.Open(c.n.nodeNS)
+	nodeNS, err := os.Open(c.n.NodeNS)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer nodeNS.Close()
 	// The node's end is made in its namespace: the host has an eth0 of its own.
-	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: clusterHostLink}, PeerName: clusterNodeLink,
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: clusterHostLink}, PeerName: ClusterNodeLink,
 		PeerNamespace: netlink.NsFd(int(nodeNS.Fd()))}
 	if err := netlink.LinkAdd(veth); err != nil {
 		t.Fatalf("the cluster's host link %s: %v (is a cluster up already? hack/cluster.sh down)", clusterHostLink, err)
@@ -328,7 +331,7 @@ func (c *cluster) linkHost() {
 	if err := addressUp(clusterHostLink, clusterHostIP, clusterLinkBits); err != nil {
 		t.Fatal(err)
 	}
-	c.n.inNode(func() error { return addressUp(clusterNodeLink, clusterNodeIP, clusterLinkBits) })
+	c.n.InNode(func() error { return addressUp(ClusterNodeLink, clusterNodeIP, clusterLinkBits) })
 	if err := addRoute(fabricRange, clusterNodeIP); err != nil {
 		t.Fatalf("the host's route to the fabric: %v", err)
 	}
@@ -336,8 +339,8 @@ func (c *cluster) linkHost() {
 
 // joinFabric makes the fabric's namespace and bridge, puts every node on it, and routes each
 // node's pod subnet to it from the others.
-func (c *cluster) joinFabric() {
-	t := c.n.t
+func (c *Cluster) joinFabric() {
+	t := c.n.T
 	t.Helper()
 	c.fabric = filepath.Join(c.dir, "fabric.netns")
 	if err := (&tapmanager.NetNS{}).CreateNetNS(c.fabric); err != nil {
@@ -374,13 +377,13 @@ func (c *cluster) joinFabric() {
 	defer fabricNS.Close()
 	for _, cn := range c.nodes {
 		port := "fabric-" + strconv.Itoa(cn.index)
-		cn.n.inNode(func() error {
-			veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: fabricNodeLink}, PeerName: port,
+		cn.n.InNode(func() error {
+			veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: FabricNodeLink}, PeerName: port,
 				PeerNamespace: netlink.NsFd(int(fabricNS.Fd()))}
 			if err := netlink.LinkAdd(veth); err != nil {
 				return fmt.Errorf("%s's link to the fabric: %w", cn.name, err)
 			}
-			if err := addressUp(fabricNodeLink, fabricAddress(cn.index), fabricBits); err != nil {
+			if err := addressUp(FabricNodeLink, fabricAddress(cn.index), fabricBits); err != nil {
 				return err
 			}
 			// The node forwards: pods to other nodes' pods, the host to the fabric.
@@ -389,7 +392,7 @@ func (c *cluster) joinFabric() {
 			}
 			for _, other := range c.nodes {
 				if other != cn {
-					subnet, _ := podNetwork(other.index)
+					subnet, _ := PodNetwork(other.index)
 					if err := addRoute(subnet, fabricAddress(other.index)); err != nil {
 						return fmt.Errorf("%s's route to %s's pods: %w", cn.name, other.name, err)
 					}
@@ -459,8 +462,8 @@ type clusterPKI struct {
 }
 
 // writePKI writes the cluster's credentials; nodes are the kubelets' node names.
-func (c *cluster) writePKI(nodes []string) clusterPKI {
-	t := c.n.t
+func (c *Cluster) writePKI(nodes []string) clusterPKI {
+	t := c.n.T
 	t.Helper()
 	newKey := func() *ecdsa.PrivateKey {
 		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -547,8 +550,8 @@ func (c *cluster) writePKI(nodes []string) clusterPKI {
 }
 
 // writeKubeconfig writes a kubeconfig for one identity and returns its path.
-func (c *cluster) writeKubeconfig(name, server string, ca []byte, token string) string {
-	c.n.t.Helper()
+func (c *Cluster) writeKubeconfig(name, server string, ca []byte, token string) string {
+	c.n.T.Helper()
 	path := filepath.Join(c.dir, name+".kubeconfig")
 	config := fmt.Sprintf(`apiVersion: v1
 kind: Config
@@ -564,15 +567,15 @@ contexts:
 current-context: cocoon
 `, server, base64.StdEncoding.EncodeToString(ca), name, token)
 	if err := os.WriteFile(path, []byte(config), 0o600); err != nil {
-		c.n.t.Fatal(err)
+		c.n.T.Fatal(err)
 	}
 	return path
 }
 
 // run starts a cluster process in node's namespace, logging to <name>.log; it is stopped when the
 // test ends, and its log's tail shown if the test failed.
-func (c *cluster) run(node *node, name, binary string, args ...string) *testproc.Process {
-	t := c.n.t
+func (c *Cluster) run(node *Node, name, binary string, args ...string) *testproc.Process {
+	t := c.n.T
 	t.Helper()
 	logPath := filepath.Join(c.dir, name+".log")
 	logFile, err := os.Create(logPath)
@@ -580,7 +583,7 @@ func (c *cluster) run(node *node, name, binary string, args ...string) *testproc
 		t.Fatal(err)
 	}
 	defer logFile.Close()
-	cmd := exec.Command("nsenter", append([]string{"--net=" + node.nodeNS, "--", binary}, args...)...)
+	cmd := exec.Command("nsenter", append([]string{"--net=" + node.NodeNS, "--", binary}, args...)...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	proc, err := testproc.Start(cmd)
 	if err != nil {
@@ -590,7 +593,7 @@ func (c *cluster) run(node *node, name, binary string, args ...string) *testproc
 		_, _ = proc.Stop(30 * time.Second)
 		if t.Failed() {
 			data, _ := os.ReadFile(logPath)
-			t.Logf("%s log (last 60 lines):\n%s", name, lastLines(string(data), 60))
+			t.Logf("%s log (last 60 lines):\n%s", name, LastLines(string(data), 60))
 		}
 	})
 	return proc
@@ -598,25 +601,25 @@ func (c *cluster) run(node *node, name, binary string, args ...string) *testproc
 
 // waitFor polls ready for up to three minutes (the API server's first start migrates etcd and
 // installs every bootstrap object; slow on two busy cores).
-func (c *cluster) waitFor(what string, ready func() error) {
-	c.n.t.Helper()
+func (c *Cluster) waitFor(what string, ready func() error) {
+	c.n.T.Helper()
 	var last error
 	for deadline := time.Now().Add(3 * time.Minute); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
 		if last = ready(); last == nil {
 			return
 		}
 	}
-	c.n.t.Fatalf("%s: not within 3 minutes: %v", what, last)
+	c.n.T.Fatalf("%s: not within 3 minutes: %v", what, last)
 }
 
 // kubectl runs bin/kubectl on the host with the administrator's kubeconfig.
-func (c *cluster) kubectl(args ...string) (string, error) {
+func (c *Cluster) kubectl(args ...string) (string, error) {
 	return c.kubectlStdin("", args...)
 }
 
 // kubectlStdin is kubectl with stdin.
-func (c *cluster) kubectlStdin(stdin string, args ...string) (string, error) {
-	cmd := exec.Command(bins.kubectl, args...)
+func (c *Cluster) kubectlStdin(stdin string, args ...string) (string, error) {
+	cmd := exec.Command(Bins.Kubectl, args...)
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+c.kubeconfig)
 	cmd.Stdin = strings.NewReader(stdin)
 	var stderr strings.Builder
@@ -629,8 +632,8 @@ func (c *cluster) kubectlStdin(stdin string, args ...string) (string, error) {
 }
 
 // httpOK GETs url in the node's namespace and wants 200.
-func httpOK(n *node, url string) error {
-	status, body, err := n.httpGetInNode(url)
+func httpOK(n *Node, url string) error {
+	status, body, err := n.HTTPGetInNode(url)
 	if err == nil && status != 200 {
 		err = fmt.Errorf("%s: %d %s", url, status, body)
 	}
