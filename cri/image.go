@@ -5,6 +5,8 @@ import (
 	"slices"
 	"syscall"
 
+	"github.com/containerd/errdefs"
+
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -37,7 +39,7 @@ func (r *Router) imageOwner(ctx context.Context, spec *runtimeapi.ImageSpec) Bac
 func (r *Router) PullImage(ctx context.Context, req *runtimeapi.PullImageRequest) (*runtimeapi.PullImageResponse, error) {
 	ref := req.GetImage().GetImage()
 	if ref == "" {
-		return nil, invalid("image is required")
+		return nil, errdefs.ErrInvalidArgument.WithMessage("image is required")
 	}
 	if b := r.imageOwner(ctx, req.GetImage()); b != nil {
 		return b.PullImage(ctx, req)
@@ -62,7 +64,7 @@ func (r *Router) PullImage(ctx context.Context, req *runtimeapi.PullImageRequest
 // looked for in the VM runtime (an OCI VM image pulled before passthrough was configured).
 func (r *Router) ImageStatus(ctx context.Context, req *runtimeapi.ImageStatusRequest) (*runtimeapi.ImageStatusResponse, error) {
 	if req.GetImage().GetImage() == "" {
-		return nil, invalid("image is required")
+		return nil, errdefs.ErrInvalidArgument.WithMessage("image is required")
 	}
 	if b := r.imageOwner(ctx, req.GetImage()); b != nil {
 		return b.ImageStatus(ctx, req)
@@ -78,7 +80,7 @@ func (r *Router) ImageStatus(ctx context.Context, req *runtimeapi.ImageStatusReq
 // runtimes: each removes what it has, and a missing image is no error in either.
 func (r *Router) RemoveImage(ctx context.Context, req *runtimeapi.RemoveImageRequest) (*runtimeapi.RemoveImageResponse, error) {
 	if req.GetImage().GetImage() == "" {
-		return nil, invalid("image is required")
+		return nil, errdefs.ErrInvalidArgument.WithMessage("image is required")
 	}
 	if b := r.imageOwner(ctx, req.GetImage()); b != nil {
 		return b.RemoveImage(ctx, req)

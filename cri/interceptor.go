@@ -6,6 +6,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cocoonstack/cocoon-cri/cri/grpcerr"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -60,7 +62,7 @@ func Interceptors(log *slog.Logger, obs RPCObserver) (grpc.UnaryServerIntercepto
 		by := &servedBy{runtime: servedByVM}
 		ctx, waits := waittime.New(context.WithValue(ctx, servedByKey{}, by))
 		resp, err := handler(ctx, req)
-		err = toStatus(err)
+		err = grpcerr.ToStatus(err)
 		took := time.Since(start)
 		if obs != nil {
 			obs.RPCOwnTime(info.FullMethod, by.get(), max(took-waits.Close(), 0))
@@ -71,7 +73,7 @@ func Interceptors(log *slog.Logger, obs RPCObserver) (grpc.UnaryServerIntercepto
 	stream := func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		start := time.Now()
 		by := &servedBy{runtime: servedByVM}
-		err := toStatus(handler(srv, &servingStream{ServerStream: ss, ctx: context.WithValue(ss.Context(), servedByKey{}, by)}))
+		err := grpcerr.ToStatus(handler(srv, &servingStream{ServerStream: ss, ctx: context.WithValue(ss.Context(), servedByKey{}, by)}))
 		done(log, obs, info.FullMethod, by.get(), time.Since(start), err)
 		return err
 	}
@@ -87,7 +89,7 @@ type servingStream struct {
 func (s *servingStream) Context() context.Context { return s.ctx }
 
 func done(log *slog.Logger, obs RPCObserver, method, runtime string, took time.Duration, err error) {
-	code := status.Code(err)
+	code := grpcerr.Code(err)
 	if obs != nil {
 		obs.RPCDone(method, runtime, took, code)
 	}

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cocoonstack/cocoon-cri/cri/grpcerr"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -115,7 +117,7 @@ func TestEmptyIDsAreRefusedBeforeRouting(t *testing.T) {
 	_, err2 := r.ExecSync(ctx, &runtimeapi.ExecSyncRequest{})
 	_, err3 := r.PullImage(ctx, &runtimeapi.PullImageRequest{})
 	for _, err := range []error{err1, err2, err3} {
-		if status.Code(err) != codes.InvalidArgument {
+		if grpcerr.Code(err) != codes.InvalidArgument {
 			t.Errorf("got %v, want InvalidArgument", err)
 		}
 	}

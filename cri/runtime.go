@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cocoonstack/cocoon-cri/cri/grpcerr"
+
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -137,7 +139,7 @@ func (r *Router) RuntimeConfig(ctx context.Context, req *runtimeapi.RuntimeConfi
 		return r.toVM(ctx).RuntimeConfig(ctx, req)
 	}
 	resp, err := r.toPassthrough(ctx).RuntimeConfig(ctx, req)
-	if status.Code(err) == codes.Unimplemented {
+	if grpcerr.Code(err) == codes.Unimplemented {
 		return r.toVM(ctx).RuntimeConfig(ctx, req)
 	}
 	return resp, err
@@ -213,7 +215,7 @@ var errDriverUnknown = errors.New("the passthrough runtime does not report its c
 
 func compareCgroupDrivers(ctx context.Context, vm VMBackend, pass Backend, passName string) error {
 	resp, err := pass.RuntimeConfig(ctx, &runtimeapi.RuntimeConfigRequest{})
-	if status.Code(err) == codes.Unimplemented {
+	if grpcerr.Code(err) == codes.Unimplemented {
 		return errDriverUnknown
 	}
 	if err != nil {

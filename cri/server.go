@@ -9,6 +9,8 @@ import (
 	"context"
 	"log/slog"
 
+	"github.com/containerd/errdefs"
+
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -61,7 +63,7 @@ func (r *Router) toPassthrough(ctx context.Context) Backend {
 // else the passthrough runtime's, whose NotFound then comes back as it is.
 func (r *Router) sandboxOwner(ctx context.Context, id string) (Backend, error) {
 	if id == "" {
-		return nil, invalid("pod sandbox ID is required")
+		return nil, errdefs.ErrInvalidArgument.WithMessage("pod sandbox ID is required")
 	}
 	if r.pass == nil || r.vm.OwnsSandbox(id) {
 		return r.toVM(ctx), nil
@@ -72,7 +74,7 @@ func (r *Router) sandboxOwner(ctx context.Context, id string) (Backend, error) {
 // containerOwner is sandboxOwner for containers.
 func (r *Router) containerOwner(ctx context.Context, id string) (Backend, error) {
 	if id == "" {
-		return nil, invalid("container ID is required")
+		return nil, errdefs.ErrInvalidArgument.WithMessage("container ID is required")
 	}
 	if r.pass == nil || r.vm.OwnsContainer(id) {
 		return r.toVM(ctx), nil

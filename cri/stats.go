@@ -4,8 +4,10 @@ import (
 	"context"
 	"sync/atomic"
 
+	"github.com/cocoonstack/cocoon-cri/cri/grpcerr"
+	"github.com/containerd/errdefs"
+
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -111,7 +113,7 @@ func (r *Router) StreamPodSandboxMetrics(req *runtimeapi.StreamPodSandboxMetrics
 	unimplemented := 0
 	err := r.streamBoth(stream.Context(), func(b Backend) error {
 		err := b.StreamPodSandboxMetrics(req, stream)
-		if status.Code(err) == codes.Unimplemented {
+		if grpcerr.Code(err) == codes.Unimplemented {
 			unimplemented++
 			return nil
 		}
@@ -123,7 +125,7 @@ func (r *Router) StreamPodSandboxMetrics(req *runtimeapi.StreamPodSandboxMetrics
 	return err
 }
 
-var errNoPodMetrics = status.Error(codes.Unimplemented,
+var errNoPodMetrics = errdefs.ErrNotImplemented.WithMessage(
 	"neither runtime serves CRI pod metrics; leave the kubelet's PodAndContainerStatsFromCRI feature gate off")
 
 // fromBothServing is fromBoth where a runtime that answers Unimplemented adds nothing; when both
@@ -132,7 +134,7 @@ func fromBothServing[T any](ctx context.Context, r *Router, ask func(context.Con
 	var unimplemented atomic.Int32
 	vm, pass, err = fromBoth(ctx, r, func(ctx context.Context, b Backend) (*T, error) {
 		resp, err := ask(ctx, b)
-		if status.Code(err) == codes.Unimplemented {
+		if grpcerr.Code(err) == codes.Unimplemented {
 			unimplemented.Add(1)
 			return new(T), nil
 		}

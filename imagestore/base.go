@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/containerd/errdefs"
+
 	"github.com/google/go-containerregistry/pkg/name"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
@@ -14,7 +16,7 @@ import (
 )
 
 // ErrBaseUnavailable: a snapshot's base image is not on the node and could not be pulled.
-var ErrBaseUnavailable = errors.New("the snapshot's base image is not on this node")
+var ErrBaseUnavailable = errdefs.ErrFailedPrecondition.WithMessage("the snapshot's base image is not on this node")
 
 // ensureBase brings the image a snapshot's disks build on to the node, before the snapshot counts
 // as pulled or imported. cocoon's `vm clone --pull` would fetch a missing base as well, but with

@@ -8,19 +8,21 @@ import (
 	"net/http"
 	"slices"
 
+	"github.com/containerd/errdefs"
+
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 )
 
-// What a registry can answer, for callers to tell apart with errors.Is.
+// What a registry can answer, for callers to tell apart with errors.Is; each is of an errdefs kind.
 var (
 	// ErrUnauthenticated: the registry wants credentials, or did not accept the ones given.
-	ErrUnauthenticated = errors.New("registry authentication failed")
+	ErrUnauthenticated = errdefs.ErrUnauthenticated.WithMessage("registry authentication failed")
 	// ErrPermissionDenied: the credentials do not grant access to the repository.
-	ErrPermissionDenied = errors.New("registry access denied")
+	ErrPermissionDenied = errdefs.ErrPermissionDenied.WithMessage("registry access denied")
 	// ErrUnreachable: the registry did not answer.
-	ErrUnreachable = errors.New("registry unreachable")
+	ErrUnreachable = errdefs.ErrUnavailable.WithMessage("registry unreachable")
 	// ErrCorrupt: content does not match the digest or size its manifest gives.
-	ErrCorrupt = errors.New("registry content does not match its digest")
+	ErrCorrupt = errdefs.ErrDataLoss.WithMessage("registry content does not match its digest")
 )
 
 // registryError classifies a failure of a request to registry.

@@ -12,6 +12,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/containerd/errdefs"
+
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/pkg/keylock"
 	"github.com/cocoonstack/cocoon-cri/pkg/refresh"
@@ -20,9 +22,9 @@ import (
 
 var (
 	// ErrNotFound: no image has that reference or ID.
-	ErrNotFound = errors.New("image not found")
+	ErrNotFound = errdefs.ErrNotFound.WithMessage("image not found")
 	// ErrInvalid: the reference or the content is not acceptable.
-	ErrInvalid = errors.New("invalid image")
+	ErrInvalid = errdefs.ErrInvalidArgument.WithMessage("invalid image")
 )
 
 // Dirs are cocoon's directories, where image and container bytes live.

@@ -12,8 +12,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cocoonstack/cocoon-cri/cri/grpcerr"
+
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/checkpoint"
@@ -148,7 +149,7 @@ func TestCheckpointContainerRefusals(t *testing.T) {
 		{"missing directory", &runtimeapi.CheckpointContainerRequest{ContainerId: "c1", Location: filepath.Join(dir, "no", "a.tar")}, codes.InvalidArgument},
 	} {
 		_, err := s.CheckpointContainer(ctx, tc.req)
-		if status.Code(err) != tc.code {
+		if grpcerr.Code(err) != tc.code {
 			t.Errorf("%s: %v, want %s", tc.name, err, tc.code)
 		}
 	}
@@ -275,7 +276,7 @@ func TestCheckpointPodRefusals(t *testing.T) {
 		{"another pod's container", &runtimeapi.CheckpointPodRequest{PodSandboxId: "pod1", OutputPath: empty, ContainerIds: []string{"c1", "other"}}, codes.InvalidArgument},
 	} {
 		_, err := s.CheckpointPod(ctx, tc.req)
-		if status.Code(err) != tc.code {
+		if grpcerr.Code(err) != tc.code {
 			t.Errorf("%s: %v, want %s", tc.name, err, tc.code)
 		}
 	}
@@ -356,7 +357,7 @@ func TestRestorePodRefusesWhatItCannotRestore(t *testing.T) {
 			{Metadata: &runtimeapi.ContainerMetadata{Name: "c1"}, Image: &runtimeapi.ImageSpec{Image: "cocoon.local/other:v1"}}}}},
 	} {
 		_, err := s.RestorePod(ctx, tc.req)
-		if status.Code(err) != codes.InvalidArgument {
+		if grpcerr.Code(err) != codes.InvalidArgument {
 			t.Errorf("%s: %v, want InvalidArgument", tc.name, err)
 		}
 	}

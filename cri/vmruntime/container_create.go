@@ -10,8 +10,6 @@ import (
 	"path/filepath"
 	"strings"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/cocoonstack/cocoon-cri/imagestore"
@@ -130,7 +128,7 @@ func (s *Server) bringIn(ctx context.Context, ref string) (*store.Image, error) 
 		s.log.Info("image brought into cocoon for a VM pod", "ref", ref, "image", p.img.ID, "kind", p.img.Kind)
 		return p.img, nil
 	case <-ctx.Done():
-		return nil, status.Errorf(codes.DeadlineExceeded,
+		return nil, timedOut(
 			"image %s is still being brought into cocoon; the pull goes on, and the next CreateContainer finds it", ref)
 	}
 }

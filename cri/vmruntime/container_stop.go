@@ -7,8 +7,8 @@ import (
 	"io"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
+	"github.com/containerd/errdefs"
+
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
@@ -105,7 +105,7 @@ func (s *Server) askGuestPowerOff(ctx context.Context, sb *store.Sandbox, c *sto
 	defer cancel()
 	switch path, err := s.execPath(ctx); {
 	case err != nil:
-		return powerOffAnswer{why: status.Convert(err).Message()}
+		return powerOffAnswer{why: err.Error()}
 	case path == ExecPathNone:
 		return powerOffAnswer{why: "no way to run commands in guests"}
 	}
@@ -113,7 +113,7 @@ func (s *Server) askGuestPowerOff(ctx context.Context, sb *store.Sandbox, c *sto
 	switch {
 	case err == nil && code != 0:
 		return powerOffAnswer{why: fmt.Sprintf("poweroff exited %d", code)}
-	case status.Code(err) == codes.FailedPrecondition:
+	case errdefs.IsFailedPrecondition(err):
 		return powerOffAnswer{why: err.Error()}
 	}
 	if waitVMGone(ctx, c.VM.PID, c.VM) != nil {

@@ -3,8 +3,6 @@ package vmruntime
 import (
 	"sync"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
@@ -76,7 +74,7 @@ func (s *Server) GetContainerEvents(_ *runtimeapi.GetEventsRequest, stream runti
 				return err
 			}
 		case <-sub.dropped:
-			return status.Errorf(codes.ResourceExhausted, "the client fell more than %d events behind; reconnect and relist", eventBuffer)
+			return resourceExhausted("the client fell more than %d events behind; reconnect and relist", eventBuffer)
 		case <-stream.Context().Done():
 			return nil
 		}

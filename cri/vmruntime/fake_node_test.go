@@ -12,8 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cocoonstack/cocoon-cri/cri/grpcerr"
+
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/cocoonstack/cocoon-cri/imagestore"
@@ -221,7 +222,7 @@ func (n *fakeNode) sandbox(id string) *store.Sandbox {
 // wantCode fails the test unless err carries the gRPC code.
 func wantCode(t *testing.T, err error, code codes.Code) {
 	t.Helper()
-	if status.Code(err) != code {
+	if grpcerr.Code(err) != code {
 		t.Fatalf("error %v, want %s", err, code)
 	}
 }

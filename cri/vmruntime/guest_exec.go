@@ -13,9 +13,9 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/containerd/errdefs"
+
 	"golang.org/x/crypto/ssh"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
@@ -43,8 +43,8 @@ const (
 )
 
 // errNoExecPath says what to configure when there is no way into a guest.
-var errNoExecPath = status.Error(codes.FailedPrecondition,
-	"cannot run commands in the guest: this cocoon has no vm exec (it came after v0.3.8) and no guest SSH login is configured; "+
+var errNoExecPath = errdefs.ErrFailedPrecondition.WithMessage(
+	"cannot run commands in the guest: this cocoon has no vm exec (it came after v0.3.8) and no guest SSH login is configured; " +
 		"upgrade cocoon, or start cocoon-cri with --guest-ssh-key-file")
 
 // agentRetry paces retries while a booting guest's agent comes up.
@@ -65,7 +65,7 @@ func (s *Server) execPath(ctx context.Context) (string, error) {
 	caps, err := s.cocoon.Capabilities(ctx)
 	switch {
 	case err != nil:
-		return ExecPathNone, status.Errorf(codes.Unavailable, "cannot learn whether this cocoon has vm exec (retry): %v", err)
+		return ExecPathNone, unavailable("cannot learn whether this cocoon has vm exec (retry): %v", err)
 	case caps.Exec:
 		return ExecPathAgent, nil
 	case s.cfg.GuestSSH.configured():

@@ -10,8 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
+	"github.com/containerd/errdefs"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
@@ -70,7 +69,7 @@ func (s *Server) runGuestScript(ctx context.Context, sb *store.Sandbox, c *store
 			return fmt.Errorf("%s failed with exit code %d: %s", what, code, strings.TrimSpace(out.String()))
 		case ctx.Err() != nil:
 			return fmt.Errorf("the guest did not take commands in time: %w", err)
-		case status.Code(err) == codes.FailedPrecondition:
+		case errdefs.IsFailedPrecondition(err):
 			return fmt.Errorf("the guest cannot take commands: %w", err)
 		}
 		// A guest still booting (its sshd not up yet): try again.

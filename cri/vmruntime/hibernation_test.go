@@ -14,9 +14,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"google.golang.org/grpc/codes"
-	grpcstatus "google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/cocoonstack/cocoon-cri/cri/grpcerr"
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
 )
@@ -420,7 +420,7 @@ func TestHibernateAfterAnnotation(t *testing.T) {
 		return n.sandbox(resp.GetPodSandboxId()), nil
 	}
 	for _, bad := range []string{"soon", "500ms", "-1m", "1"} {
-		if _, err := run(bad, true); grpcstatus.Code(err) != codes.InvalidArgument {
+		if _, err := run(bad, true); grpcerr.Code(err) != codes.InvalidArgument {
 			t.Errorf("%q: %v, want InvalidArgument", bad, err)
 		}
 	}
@@ -448,7 +448,11 @@ func TestOperatorHibernatesAndWakesAPod(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := grpc.NewServer()
+	// The daemon's CRI interceptor maps errors at the edge; this server does only that.
+	g := grpc.NewServer(grpc.UnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		resp, err := handler(ctx, req)
+		return resp, grpcerr.ToStatus(err)
+	}))
 	n.s.RegisterPodControl(g)
 	go func() { _ = g.Serve(lis) }()
 	t.Cleanup(g.Stop)

@@ -7,8 +7,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cocoonstack/cocoon-cri/cri/grpcerr"
+
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
@@ -453,7 +454,7 @@ func TestLifecycleRefusals(t *testing.T) {
 		{"name taken", &runtimeapi.RunPodSandboxRequest{Config: podConfig("web"), RuntimeHandler: HandlerName}, codes.AlreadyExists},
 	} {
 		_, err := n.s.RunPodSandbox(ctx, tc.req)
-		if status.Code(err) != tc.code {
+		if grpcerr.Code(err) != tc.code {
 			t.Errorf("RunPodSandbox, %s: %v, want %s", tc.name, err, tc.code)
 		}
 	}
@@ -485,7 +486,7 @@ func TestLifecycleRefusals(t *testing.T) {
 		{"no sandbox ID", "", containerConfig("app", snapshotRef), codes.InvalidArgument},
 	} {
 		_, err := n.s.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: tc.sandbox, Config: tc.cfg})
-		if status.Code(err) != tc.code {
+		if grpcerr.Code(err) != tc.code {
 			t.Errorf("CreateContainer, %s: %v, want %s", tc.name, err, tc.code)
 		}
 	}

@@ -9,8 +9,8 @@ import (
 	"slices"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
+	"github.com/containerd/errdefs"
+
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/checkpoint"
@@ -75,7 +75,7 @@ func (s *Server) CheckpointPod(ctx context.Context, req *runtimeapi.CheckpointPo
 		return nil, err
 	}
 	if len(members) > 1 {
-		return nil, status.Errorf(codes.Unimplemented, "pod sandbox %s has %d containers, each its own VM, and cocoon cannot pause several VMs for one cut; checkpoint each container with CheckpointContainer (crictl checkpoint)", sb.ID, len(members))
+		return nil, errdefs.ErrNotImplemented.WithMessage(fmt.Sprintf("pod sandbox %s has %d containers, each its own VM, and cocoon cannot pause several VMs for one cut; checkpoint each container with CheckpointContainer (crictl checkpoint)", sb.ID, len(members)))
 	}
 
 	start := time.Now()

@@ -12,8 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/cri-streaming/pkg/streaming/remotecommand"
 	utilexec "k8s.io/utils/exec"
@@ -72,7 +70,7 @@ func (s *Server) ExecSync(ctx context.Context, req *runtimeapi.ExecSyncRequest) 
 	}
 	if errors.Is(err, context.DeadlineExceeded) && req.GetTimeout() > 0 {
 		// The command is not echoed: probe commands may carry tokens, and this reaches kubelet events.
-		return nil, status.Errorf(codes.DeadlineExceeded, "the command timed out after %ds and was killed in the guest", req.GetTimeout())
+		return nil, timedOut("the command timed out after %ds and was killed in the guest", req.GetTimeout())
 	}
 	if err != nil {
 		return nil, err

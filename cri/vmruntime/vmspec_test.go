@@ -5,8 +5,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cocoonstack/cocoon-cri/cri/grpcerr"
+
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
@@ -102,13 +103,13 @@ func TestCloneNeverShrinksBelowTheSnapshot(t *testing.T) {
 	for _, resizes := range []bool{true, false} {
 		small := &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 1 << 30}
 		_, err = s.planVM(id64, container(small), podSandbox(nil), chSnapshot, resizes)
-		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "raise the limit to at least 2Gi") {
+		if grpcerr.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "raise the limit to at least 2Gi") {
 			t.Fatalf("a memory limit below the snapshot's memory (resize %v): %v", resizes, err)
 		}
 	}
 	capped := testServer()
 	capped.cfg.MaxStorage = 15 << 30
-	if _, err = capped.planVM(id64, container(nil), podSandbox(nil), chSnapshot, true); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "--max-storage") {
+	if _, err = capped.planVM(id64, container(nil), podSandbox(nil), chSnapshot, true); grpcerr.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "--max-storage") {
 		t.Fatalf("a snapshot disk above --max-storage: %v", err)
 	}
 	big := &runtimeapi.LinuxContainerResources{CpuQuota: 300000, CpuPeriod: 100000, MemoryLimitInBytes: 4 << 30}
@@ -134,7 +135,7 @@ func TestCloneWithoutResizeRunsAtTheSnapshotSize(t *testing.T) {
 		t.Fatalf("got %+v, want the snapshot's 2 vCPUs, 2 GiB, 20 GiB", vm)
 	}
 	_, err = s.planVM(id64, container(big), podSandbox(map[string]string{AnnotationStorage: "30Gi"}), chSnapshot, false)
-	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "cannot resize a clone") {
+	if grpcerr.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "cannot resize a clone") {
 		t.Fatalf("a storage annotation beyond the snapshot: %v", err)
 	}
 }
@@ -156,7 +157,7 @@ func TestPlanRefusesWhatCocoonCannotDo(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := s.planVM(id64, container(nil), podSandbox(tc.annotate), tc.img, true)
-			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.want) {
+			if grpcerr.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("err = %v, want InvalidArgument saying %q", err, tc.want)
 			}
 		})

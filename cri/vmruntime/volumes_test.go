@@ -4,8 +4,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cocoonstack/cocoon-cri/cri/grpcerr"
+
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -37,7 +38,7 @@ func TestValidateMountsRefusesWhatNoCopyHonours(t *testing.T) {
 		switch {
 		case tc.want == "" && err != nil:
 			t.Errorf("%s: refused: %v", tc.name, err)
-		case tc.want != "" && (status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.want)):
+		case tc.want != "" && (grpcerr.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.want)):
 			t.Errorf("%s: %v, want InvalidArgument with %q", tc.name, err, tc.want)
 		}
 	}

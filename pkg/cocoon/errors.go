@@ -1,27 +1,29 @@
 package cocoon
 
 import (
-	"errors"
 	"fmt"
 	"regexp"
 	"strings"
+
+	"github.com/containerd/errdefs"
 )
 
-// Kinds of cocoon failure that callers act on. Test with errors.Is.
+// Kinds of cocoon failure that callers act on. Test with errors.Is; each is of an errdefs kind,
+// which the CRI edge maps to a gRPC code.
 var (
 	// ErrNotFound: the VM, snapshot or image does not exist. cocoon's rm and inspect exit 1 for
 	// missing objects, so idempotent deletes test for this.
-	ErrNotFound = errors.New("not found")
+	ErrNotFound = fmt.Errorf("%w", errdefs.ErrNotFound)
 	// ErrAlreadyExists: a VM or snapshot name is taken.
-	ErrAlreadyExists = errors.New("already exists")
+	ErrAlreadyExists = fmt.Errorf("%w", errdefs.ErrAlreadyExists)
 	// ErrInUse: the object is busy, for example a running VM removed without --force.
-	ErrInUse = errors.New("in use")
+	ErrInUse = errdefs.ErrFailedPrecondition.WithMessage("in use")
 	// ErrInvalid: cocoon refused the arguments (names, sizes, resource minimums, ambiguous refs).
-	ErrInvalid = errors.New("invalid argument")
+	ErrInvalid = fmt.Errorf("%w", errdefs.ErrInvalidArgument)
 	// ErrUnsupported: the installed cocoon does not have the command or flag.
-	ErrUnsupported = errors.New("unsupported by this cocoon")
+	ErrUnsupported = errdefs.ErrNotImplemented.WithMessage("unsupported by this cocoon")
 	// ErrNoSpace: a file system cocoon wrote to is full (a snapshot save, an import).
-	ErrNoSpace = errors.New("no space left")
+	ErrNoSpace = errdefs.ErrResourceExhausted.WithMessage("no space left")
 )
 
 // CommandError is a failed cocoon invocation.

@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/containerd/errdefs"
+
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -23,11 +25,11 @@ const SchemaVersion = 1
 
 var (
 	// ErrNotFound: no record with that ID (or key).
-	ErrNotFound = errors.New("not found")
+	ErrNotFound = fmt.Errorf("%w", errdefs.ErrNotFound)
 	// ErrAmbiguous: an ID prefix matches more than one record.
-	ErrAmbiguous = errors.New("ambiguous ID prefix")
+	ErrAmbiguous = errdefs.ErrInvalidArgument.WithMessage("ambiguous ID prefix")
 	// ErrExists: the ID or a unique key (a name, an image reference) is held by another record.
-	ErrExists = errors.New("already exists")
+	ErrExists = fmt.Errorf("%w", errdefs.ErrAlreadyExists)
 )
 
 var (
