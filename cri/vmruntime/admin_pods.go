@@ -21,7 +21,7 @@ const (
 )
 
 // RegisterPodControl adds the pod hibernate and wake service to a gRPC server.
-func (s *Server) RegisterPodControl(g *grpc.Server) {
+func (s *Runtime) RegisterPodControl(g *grpc.Server) {
 	method := func(name string, do func(context.Context, string) (string, error)) grpc.MethodDesc {
 		return grpc.MethodDesc{MethodName: name, Handler: func(_ any, ctx context.Context, dec func(any) error, icpt grpc.UnaryServerInterceptor) (any, error) {
 			in := &wrapperspb.StringValue{}
@@ -69,7 +69,7 @@ func callPodControl(ctx context.Context, conn grpc.ClientConnInterface, method, 
 
 // hibernatePod hibernates a pod's running VM now, whatever its idle period; one that hibernates
 // already is left so. It wakes on use as any hibernated pod does.
-func (s *Server) hibernatePod(ctx context.Context, pod string) (string, error) {
+func (s *Runtime) hibernatePod(ctx context.Context, pod string) (string, error) {
 	c, err := s.podContainer(pod)
 	if err != nil {
 		return "", err
@@ -88,7 +88,7 @@ func (s *Server) hibernatePod(ctx context.Context, pod string) (string, error) {
 }
 
 // wakePod wakes a pod's hibernated VM; an awake one is left so.
-func (s *Server) wakePod(ctx context.Context, pod string) (string, error) {
+func (s *Runtime) wakePod(ctx context.Context, pod string) (string, error) {
 	c, err := s.podContainer(pod)
 	if err != nil {
 		return "", err
@@ -101,7 +101,7 @@ func (s *Server) wakePod(ctx context.Context, pod string) (string, error) {
 
 // podContainer is the running container of a pod named NAMESPACE/NAME (its ready sandbox) or by
 // sandbox ID or ID prefix.
-func (s *Server) podContainer(pod string) (*store.Container, error) {
+func (s *Runtime) podContainer(pod string) (*store.Container, error) {
 	if pod == "" {
 		return nil, invalid("name a pod: NAMESPACE/NAME or its sandbox ID")
 	}

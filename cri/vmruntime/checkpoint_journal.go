@@ -21,7 +21,7 @@ type journalEntry struct {
 
 // noteCheckpoint records a checkpoint about to write archive through the snapshot name, and
 // returns what removes the note.
-func (s *Server) noteCheckpoint(name, archive string) (done func(), err error) {
+func (s *Runtime) noteCheckpoint(name, archive string) (done func(), err error) {
 	if s.cfg.CheckpointJournal == "" {
 		return func() {}, nil
 	}
@@ -45,7 +45,7 @@ func (s *Server) noteCheckpoint(name, archive string) (done func(), err error) {
 
 // removeCutShortCheckpoints removes the partial archives and snapshots of checkpoints a crash cut
 // short. A note whose removal fails stays for the next start.
-func (s *Server) removeCutShortCheckpoints(ctx context.Context) {
+func (s *Runtime) removeCutShortCheckpoints(ctx context.Context) {
 	if s.cfg.CheckpointJournal == "" {
 		return
 	}

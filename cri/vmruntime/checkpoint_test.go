@@ -24,7 +24,7 @@ import (
 
 // checkpointServer is a server over a fresh store with one ready pod "pod1" whose container "c1"
 // runs VM "vm1" in the in-process cocoon, which saves and exports snapshots as cocoon does.
-func checkpointServer(t *testing.T) (*Server, *fakeCocoon) {
+func checkpointServer(t *testing.T) (*Runtime, *fakeCocoon) {
 	t.Helper()
 	n := newFakeNode(t, Config{CheckpointJournal: filepath.Join(t.TempDir(), "checkpoints")})
 	s := n.s

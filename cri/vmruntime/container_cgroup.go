@@ -21,7 +21,7 @@ const procRoot = "/proc"
 // systemd), so the kubelet's cAdvisor finds the VM's usage under the container's ID and the pod
 // cgroup above it holds the VM. Empty when the pod names no parent: the VM stays where cocoon
 // started it.
-func (s *Server) vmCgroup(sb *store.Sandbox, containerID string) (string, error) {
+func (s *Runtime) vmCgroup(sb *store.Sandbox, containerID string) (string, error) {
 	parent := sb.Config.Msg.GetLinux().GetCgroupParent()
 	if parent == "" {
 		return "", nil
@@ -33,7 +33,7 @@ func (s *Server) vmCgroup(sb *store.Sandbox, containerID string) (string, error)
 // cgroup. It returns the cgroup and the topmost cgroup it had to make, also on failure (for the
 // caller's cleanup). A VM the kubelet cannot account for escapes the pod's limits and eviction,
 // so a pod that names a cgroup parent and cannot get its VM there fails to start.
-func (s *Server) placeVM(sb *store.Sandbox, c *store.Container, pid int) (cgroup, created string, err error) {
+func (s *Runtime) placeVM(sb *store.Sandbox, c *store.Container, pid int) (cgroup, created string, err error) {
 	if cgroup, err = s.vmCgroup(sb, c.ID); err != nil || cgroup == "" {
 		return "", "", err
 	}
@@ -57,7 +57,7 @@ func (s *Server) placeVM(sb *store.Sandbox, c *store.Container, pid int) (cgroup
 // removeCgroup removes the cgroup a container's VM was in, once the VM is gone, waiting up to
 // wait for exiting processes to leave it. A container whose start recorded no cgroup (a crash cut
 // it short) may still have one: its name is deterministic.
-func (s *Server) removeCgroup(ctx context.Context, sb *store.Sandbox, c *store.Container, created string, wait time.Duration) error {
+func (s *Runtime) removeCgroup(ctx context.Context, sb *store.Sandbox, c *store.Container, created string, wait time.Duration) error {
 	cgroup := c.VM.Cgroup
 	if cgroup == "" {
 		var err error
@@ -76,7 +76,7 @@ func (s *Server) removeCgroup(ctx context.Context, sb *store.Sandbox, c *store.C
 
 // dropCgroup removes cgroup, and the parents up to created that cocoon-cri made, waiting up to wait
 // for exiting processes to leave.
-func (s *Server) dropCgroup(ctx context.Context, cgroup, created string, wait time.Duration) error {
+func (s *Runtime) dropCgroup(ctx context.Context, cgroup, created string, wait time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	return s.cgroups.Remove(ctx, cgroup, created)
@@ -85,7 +85,7 @@ func (s *Server) dropCgroup(ctx context.Context, cgroup, created string, wait ti
 // releaseCgroup removes an exited container's cgroup as soon as its VM is gone, so an ended VM
 // leaves no empty cgroup under the pod while the kubelet keeps the container for its logs.
 // RemoveContainer tries again, so a cgroup still busy is only logged here.
-func (s *Server) releaseCgroup(c *store.Container) {
+func (s *Runtime) releaseCgroup(c *store.Container) {
 	if c.VM.Cgroup == "" {
 		return
 	}

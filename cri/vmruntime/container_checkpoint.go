@@ -29,7 +29,7 @@ const checkpointSnapshotPrefix = "cri-ckpt-"
 // CheckpointContainer saves a running container's VM, memory and disk, into one archive at the
 // request's location. cocoon pauses the VM for the capture and resumes it, so the container keeps
 // running; the archive is what `cocoon-cri image import` and a pull of a pushed checkpoint take.
-func (s *Server) CheckpointContainer(ctx context.Context, req *runtimeapi.CheckpointContainerRequest) (*runtimeapi.CheckpointContainerResponse, error) {
+func (s *Runtime) CheckpointContainer(ctx context.Context, req *runtimeapi.CheckpointContainerRequest) (*runtimeapi.CheckpointContainerResponse, error) {
 	if req.GetContainerId() == "" {
 		return nil, invalid("container ID is required")
 	}
@@ -98,7 +98,7 @@ func checkpointable(c *store.Container) error {
 // is written beside it under a temporary name, noted in the journal, and linked to path once
 // whole, so path never holds a partial archive and an existing file is never replaced. On failure
 // nothing is left, and the snapshot cocoon made is deleted either way.
-func (s *Server) writeCheckpoint(ctx context.Context, sb *store.Sandbox, c *store.Container, path string) (int64, error) {
+func (s *Runtime) writeCheckpoint(ctx context.Context, sb *store.Sandbox, c *store.Container, path string) (int64, error) {
 	// Refused before the save, which is the expensive part; the link below is what makes sure.
 	switch _, err := os.Lstat(path); {
 	case err == nil:
@@ -144,7 +144,7 @@ func (s *Server) writeCheckpoint(ctx context.Context, sb *store.Sandbox, c *stor
 }
 
 // saveInto snapshots c's VM under name and writes the checkpoint archive to f.
-func (s *Server) saveInto(ctx context.Context, sb *store.Sandbox, c *store.Container, f *os.File, name string) (int64, error) {
+func (s *Runtime) saveInto(ctx context.Context, sb *store.Sandbox, c *store.Container, f *os.File, name string) (int64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
@@ -192,7 +192,7 @@ func snapshotName(prefix, containerID string) (string, error) {
 // removeSnapshot deletes a snapshot cocoon-cri made (of a checkpoint or a hibernation, as what
 // says) once it is no longer needed. The caller's context may be what failed, so the deletion
 // gets its own.
-func (s *Server) removeSnapshot(ctx context.Context, name, what string) {
+func (s *Runtime) removeSnapshot(ctx context.Context, name, what string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cocoon.DefaultTimeout)
 	defer cancel()
 	if err := s.cocoon.SnapshotRemove(ctx, name); err != nil && !isNotFound(err) {
@@ -202,7 +202,7 @@ func (s *Server) removeSnapshot(ctx context.Context, name, what string) {
 
 // checkpointMetadata describes what the archive holds: the pod, the container and its image, and
 // the VM as cocoon saved it.
-func (s *Server) checkpointMetadata(ctx context.Context, sb *store.Sandbox, c *store.Container, snap *cocoon.Snapshot) *checkpoint.Metadata {
+func (s *Runtime) checkpointMetadata(ctx context.Context, sb *store.Sandbox, c *store.Container, snap *cocoon.Snapshot) *checkpoint.Metadata {
 	podMeta := sb.Config.Msg.GetMetadata()
 	md := &checkpoint.Metadata{
 		Version:   checkpoint.FormatVersion,

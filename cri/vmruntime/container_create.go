@@ -18,7 +18,7 @@ import (
 
 // CreateContainer resolves the image, decides the VM (mode and size) and records the container as
 // CREATED. No cocoon call happens: the VM is made by StartContainer.
-func (s *Server) CreateContainer(ctx context.Context, req *runtimeapi.CreateContainerRequest) (*runtimeapi.CreateContainerResponse, error) {
+func (s *Runtime) CreateContainer(ctx context.Context, req *runtimeapi.CreateContainerRequest) (*runtimeapi.CreateContainerResponse, error) {
 	cfg := req.GetConfig()
 	if err := validateContainerConfig(cfg); err != nil {
 		return nil, err
@@ -91,7 +91,7 @@ func (s *Server) CreateContainer(ctx context.Context, req *runtimeapi.CreateCont
 // by the reference the user wrote: the kubelet names the image by the ID its ImageStatus gave,
 // the passthrough runtime's for an OCI image. With passthrough, an OCI VM image cocoon lacks is
 // brought in here.
-func (s *Server) containerImage(ctx context.Context, spec *runtimeapi.ImageSpec) (*store.Image, error) {
+func (s *Runtime) containerImage(ctx context.Context, spec *runtimeapi.ImageSpec) (*store.Image, error) {
 	ref, userRef := spec.GetImage(), spec.GetUserSpecifiedImage()
 	img, err := s.images.Get(ref)
 	if errors.Is(err, imagestore.ErrNotFound) && userRef != "" && userRef != ref {
@@ -109,7 +109,7 @@ func (s *Server) containerImage(ctx context.Context, spec *runtimeapi.ImageSpec)
 // bringIn pulls ref into cocoon for a VM pod. The pull goes on when the kubelet's CreateContainer
 // deadline passes, bounded by the pull's own progress timeout, and the kubelet's retry joins it:
 // a VM image may take longer to pull than one CreateContainer may last.
-func (s *Server) bringIn(ctx context.Context, ref string) (*store.Image, error) {
+func (s *Runtime) bringIn(ctx context.Context, ref string) (*store.Image, error) {
 	type pulled struct {
 		img *store.Image
 		err error
@@ -134,7 +134,7 @@ func (s *Server) bringIn(ctx context.Context, ref string) (*store.Image, error) 
 }
 
 // checkCommandCanRun refuses a container with a command where commands cannot reach guests.
-func (s *Server) checkCommandCanRun(ctx context.Context, cfg *runtimeapi.ContainerConfig) error {
+func (s *Runtime) checkCommandCanRun(ctx context.Context, cfg *runtimeapi.ContainerConfig) error {
 	if len(mainCommand(cfg)) == 0 {
 		return nil
 	}

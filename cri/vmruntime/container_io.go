@@ -39,7 +39,7 @@ func mainCommand(cfg *runtimeapi.ContainerConfig) []string {
 // startIO opens a started container's streams. The console is always read, so the guest never
 // stalls on it; it is the container's log when the VM's init is the workload. Guest setup and the
 // main process run in the background: StartContainer does not wait for a booting guest.
-func (s *Server) startIO(sb *store.Sandbox, c *store.Container) {
+func (s *Runtime) startIO(sb *store.Sandbox, c *store.Container) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cio := &containerIO{cancel: cancel, setUp: make(chan struct{})}
 	log := s.log.With("container", c.ID, "vm", c.VM.Name)
@@ -82,7 +82,7 @@ func (s *Server) startIO(sb *store.Sandbox, c *store.Container) {
 
 // runGuest prepares the guest (its network, hostname and resolvers, where cocoon could not, its
 // block devices and its volumes) and then runs the main process, if any.
-func (s *Server) runGuest(ctx context.Context, sb *store.Sandbox, c *store.Container, cio *containerIO) {
+func (s *Runtime) runGuest(ctx context.Context, sb *store.Sandbox, c *store.Container, cio *containerIO) {
 	if !c.VM.Pooled {
 		// A pool VM's guest was set up at its hand-over.
 		s.setUpGuest(ctx, sb, c)
@@ -124,7 +124,7 @@ func (s *Server) runGuest(ctx context.Context, sb *store.Sandbox, c *store.Conta
 // stopIO closes a container's streams. It does not wait for the main process's goroutine, which
 // may be waiting for the sandbox lock the caller holds; that goroutine finds the container no
 // longer running and returns.
-func (s *Server) stopIO(containerID string) {
+func (s *Runtime) stopIO(containerID string) {
 	s.iosMu.Lock()
 	cio := s.ios[containerID]
 	delete(s.ios, containerID)
@@ -149,7 +149,7 @@ func (s *Server) stopIO(containerID string) {
 }
 
 // awaitGuestSetUp waits, within ctx, until the container's guest is configured for the pod.
-func (s *Server) awaitGuestSetUp(ctx context.Context, containerID string) error {
+func (s *Runtime) awaitGuestSetUp(ctx context.Context, containerID string) error {
 	cio := s.ioOf(containerID)
 	if cio == nil {
 		return nil
@@ -162,7 +162,7 @@ func (s *Server) awaitGuestSetUp(ctx context.Context, containerID string) error 
 	}
 }
 
-func (s *Server) ioOf(containerID string) *containerIO {
+func (s *Runtime) ioOf(containerID string) *containerIO {
 	s.iosMu.Lock()
 	defer s.iosMu.Unlock()
 	return s.ios[containerID]

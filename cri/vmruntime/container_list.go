@@ -10,16 +10,16 @@ import (
 )
 
 // ListContainers answers from the store. ID filters accept prefixes.
-func (s *Server) ListContainers(_ context.Context, req *runtimeapi.ListContainersRequest) (*runtimeapi.ListContainersResponse, error) {
+func (s *Runtime) ListContainers(_ context.Context, req *runtimeapi.ListContainersRequest) (*runtimeapi.ListContainersResponse, error) {
 	return &runtimeapi.ListContainersResponse{Containers: s.listContainers(req.GetFilter())}, nil
 }
 
 // StreamContainers sends the same list as ListContainers, in one message.
-func (s *Server) StreamContainers(req *runtimeapi.StreamContainersRequest, stream runtimeapi.RuntimeService_StreamContainersServer) error {
+func (s *Runtime) StreamContainers(req *runtimeapi.StreamContainersRequest, stream runtimeapi.RuntimeService_StreamContainersServer) error {
 	return stream.Send(&runtimeapi.StreamContainersResponse{Containers: s.listContainers(req.GetFilter())})
 }
 
-func (s *Server) listContainers(f *runtimeapi.ContainerFilter) []*runtimeapi.Container {
+func (s *Runtime) listContainers(f *runtimeapi.ContainerFilter) []*runtimeapi.Container {
 	records := s.store.Containers.List(func(c *store.Container) bool {
 		if f.GetId() != "" && !strings.HasPrefix(c.ID, f.GetId()) {
 			return false

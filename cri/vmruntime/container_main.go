@@ -90,7 +90,7 @@ func (m *mainProcess) close() {
 // mainExited records the end of a container's main process: the container exits with the
 // command's status and its VM is powered off, since the workload is done. A stop already under
 // way (ctx cancelled) records the exit itself.
-func (s *Server) mainExited(ctx context.Context, sandboxID, containerID string, code int, runErr error) {
+func (s *Runtime) mainExited(ctx context.Context, sandboxID, containerID string, code int, runErr error) {
 	if ctx.Err() != nil {
 		return
 	}

@@ -20,7 +20,7 @@ const (
 // container runtime gives it to the container's processes: the kubelet ranks pods by QoS class
 // through it, so under memory pressure the node's kernel picks VMs in the same order as
 // containers. A container config without resources leaves the score as cocoon started it.
-func (s *Server) setOOMScoreAdj(c *store.Container, pid int) error {
+func (s *Runtime) setOOMScoreAdj(c *store.Container, pid int) error {
 	res := c.Config.Msg.GetLinux().GetResources()
 	if res == nil || pid <= 0 {
 		return nil

@@ -13,7 +13,7 @@ import (
 
 // RemoveContainer removes the VM (forcibly if it runs, as the CRI asks) and the record. Removing a
 // missing container succeeds.
-func (s *Server) RemoveContainer(ctx context.Context, req *runtimeapi.RemoveContainerRequest) (*runtimeapi.RemoveContainerResponse, error) {
+func (s *Runtime) RemoveContainer(ctx context.Context, req *runtimeapi.RemoveContainerRequest) (*runtimeapi.RemoveContainerResponse, error) {
 	c, sb, unlock, err := s.lockContainer(req.GetContainerId())
 	if err != nil {
 		if isNotFound(err) {
@@ -36,7 +36,7 @@ func (s *Server) RemoveContainer(ctx context.Context, req *runtimeapi.RemoveCont
 // removeContainer deletes the container's VM and record. cocoon's CNI DEL on the VM's network runs
 // the attach plugin, which hands a running VM's pod interface back. The caller holds the sandbox
 // lock.
-func (s *Server) removeContainer(ctx context.Context, sb *store.Sandbox, c *store.Container) error {
+func (s *Runtime) removeContainer(ctx context.Context, sb *store.Sandbox, c *store.Container) error {
 	s.stopIO(c.ID)
 	// A container that never recorded a VM ID may still have a VM from a start a crash cut short:
 	// its name is deterministic.

@@ -21,7 +21,7 @@ const (
 
 // StartContainer makes and boots the container's VM: vm clone for a snapshot image, vm create and
 // vm start for a VM image. A sandbox runs at most one VM at a time.
-func (s *Server) StartContainer(ctx context.Context, req *runtimeapi.StartContainerRequest) (*runtimeapi.StartContainerResponse, error) {
+func (s *Runtime) StartContainer(ctx context.Context, req *runtimeapi.StartContainerRequest) (*runtimeapi.StartContainerResponse, error) {
 	c, sb, unlock, err := s.lockContainer(req.GetContainerId())
 	if err != nil {
 		return nil, err
@@ -109,7 +109,7 @@ func (s *Server) StartContainer(ctx context.Context, req *runtimeapi.StartContai
 
 // launchVM makes the VM. A VM already holding the container's name is the leftover of a start
 // that was cut short (the container is still CREATED): it is removed and the start made again.
-func (s *Server) launchVM(ctx context.Context, sb *store.Sandbox, c *store.Container) (*cocoon.VM, error) {
+func (s *Runtime) launchVM(ctx context.Context, sb *store.Sandbox, c *store.Container) (*cocoon.VM, error) {
 	cc := s.cocoonFor(sb)
 	vm, err := s.makeVM(ctx, cc, c)
 	if errors.Is(err, cocoon.ErrAlreadyExists) {
@@ -124,7 +124,7 @@ func (s *Server) launchVM(ctx context.Context, sb *store.Sandbox, c *store.Conta
 
 // makeVM makes the VM on the sandbox's network: one NIC on tapmanager.CocoonNetwork, whose attach
 // plugin hands the pod interface to cocoon.
-func (s *Server) makeVM(ctx context.Context, cc Cocoon, c *store.Container) (*cocoon.VM, error) {
+func (s *Runtime) makeVM(ctx context.Context, cc Cocoon, c *store.Container) (*cocoon.VM, error) {
 	spec := c.VM
 	if spec.Mode == store.VMClone {
 		opts := cocoon.CloneOptions{
@@ -197,7 +197,7 @@ func (l launched) record(v *store.VM) {
 
 // leavePoolCgroup settles a handed-over VM's cgroup: the pool's goes once the VM is in the pod's;
 // a pod that names no cgroup parent keeps it, as the container's.
-func (s *Server) leavePoolCgroup(ctx context.Context, pv *store.PoolVM, cgroup, created string) (string, string) {
+func (s *Runtime) leavePoolCgroup(ctx context.Context, pv *store.PoolVM, cgroup, created string) (string, string) {
 	if cgroup == "" {
 		return pv.Spec.Cgroup, pv.Spec.CgroupCreated
 	}
@@ -230,31 +230,10 @@ func vmNetNS(vm *cocoon.VM) string {
 // cleanUpFailedStart removes whatever VM the failed start left (cocoon keeps a VM whose start
 // failed, in state error); its removal hands the pod interface back. It has its own deadline: the
 // RPC's may be what ran out.
-func (s *Server) cleanUpFailedStart(sb *store.Sandbox, c *store.Container) {
+func (s *Runtime) cleanUpFailedStart(sb *store.Sandbox, c *store.Container) {
 	ctx, cancel := context.WithTimeout(context.Background(), cocoon.DefaultTimeout)
 	defer cancel()
 	if err := s.cocoonFor(sb).VMRemove(ctx, c.VM.Name, true); err != nil && !errors.Is(err, cocoon.ErrNotFound) {
 		s.log.Error("could not remove the VM of a failed start", "container", c.ID, "vm", c.VM.Name, "err", err)
 	}
-}
-
-// lockContainer resolves a container ID (or unique prefix), locks its sandbox and returns both
-// records read under the lock.
-func (s *Server) lockContainer(idOrPrefix string) (*store.Container, *store.Sandbox, func(), error) {
-	c, err := s.findContainer(idOrPrefix)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	id := c.ID
-	unlock := s.locks.Lock(c.SandboxID)
-	if c, err = s.store.Containers.Get(id); err != nil {
-		unlock()
-		return nil, nil, nil, err
-	}
-	sb, err := s.store.Sandboxes.Get(c.SandboxID)
-	if err != nil {
-		unlock()
-		return nil, nil, nil, fmt.Errorf("sandbox of container %s: %w", id, err)
-	}
-	return c, sb, unlock, nil
 }

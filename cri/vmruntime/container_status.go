@@ -9,7 +9,7 @@ import (
 )
 
 // ContainerStatus answers from the store.
-func (s *Server) ContainerStatus(_ context.Context, req *runtimeapi.ContainerStatusRequest) (*runtimeapi.ContainerStatusResponse, error) {
+func (s *Runtime) ContainerStatus(_ context.Context, req *runtimeapi.ContainerStatusRequest) (*runtimeapi.ContainerStatusResponse, error) {
 	c, err := s.findContainer(req.GetContainerId())
 	if err != nil {
 		return nil, err
@@ -89,7 +89,7 @@ func firstOr(values []string, fallback string) string {
 }
 
 // findContainer resolves a container ID (or unique prefix) to its record.
-func (s *Server) findContainer(idOrPrefix string) (*store.Container, error) {
+func (s *Runtime) findContainer(idOrPrefix string) (*store.Container, error) {
 	if idOrPrefix == "" {
 		return nil, invalid("container ID is required")
 	}

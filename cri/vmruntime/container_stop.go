@@ -28,7 +28,7 @@ const (
 
 // StopContainer powers the VM off, giving the guest timeout seconds before cocoon forces it.
 // Stopping a missing, created or exited container succeeds.
-func (s *Server) StopContainer(ctx context.Context, req *runtimeapi.StopContainerRequest) (*runtimeapi.StopContainerResponse, error) {
+func (s *Runtime) StopContainer(ctx context.Context, req *runtimeapi.StopContainerRequest) (*runtimeapi.StopContainerResponse, error) {
 	if req.GetTimeout() < 0 {
 		return nil, invalid("timeout must not be negative, got %d", req.GetTimeout())
 	}
@@ -53,9 +53,9 @@ func (s *Server) StopContainer(ctx context.Context, req *runtimeapi.StopContaine
 const mainExitStopTimeout = 10 * time.Second
 
 // stopVM stops a running container's VM and records it EXITED with the status the stop implies.
-// A guest cocoon would stop at once (store.VM.StopsAtOnce) is first asked to power off through
+// A guest cocoon would stop at once (cocoon.StopsAtOnce) is first asked to power off through
 // the exec path, within timeout. The caller holds the sandbox lock.
-func (s *Server) stopVM(ctx context.Context, sb *store.Sandbox, c *store.Container, timeout time.Duration) error {
+func (s *Runtime) stopVM(ctx context.Context, sb *store.Sandbox, c *store.Container, timeout time.Duration) error {
 	if c.VM.Hibernated() {
 		// Waking the guest to shut it down would take longer than the stop is meant to: its saved
 		// state is discarded instead, as a SIGKILL discards a process's.
@@ -67,7 +67,8 @@ func (s *Server) stopVM(ctx context.Context, sb *store.Sandbox, c *store.Contain
 	}
 	start := s.nowFunc()
 	var asked powerOffAnswer
-	if c.VM.StopsAtOnce() && timeout > 0 {
+	stopsAtOnce := cocoon.StopsAtOnce(c.VM.Backend, c.VM.DirectBoot)
+	if stopsAtOnce && timeout > 0 {
 		asked = s.askGuestPowerOff(ctx, sb, c, timeout)
 	}
 	err := s.powerOff(ctx, sb, c, timeout)
@@ -80,9 +81,9 @@ func (s *Server) stopVM(ctx context.Context, sb *store.Sandbox, c *store.Contain
 		return err
 	case timeout == 0:
 		status = exitStatus{killedExitCode, reasonError, "VM stopped forcibly (timeout 0)"}
-	case c.VM.StopsAtOnce() && asked.poweredOff:
+	case stopsAtOnce && asked.poweredOff:
 		status.message = "the guest powered off when asked through exec"
-	case c.VM.StopsAtOnce():
+	case stopsAtOnce:
 		status = exitStatus{killedExitCode, reasonError, fmt.Sprintf("the guest did not power off when asked through exec within %s (%s); "+
 			"cocoon stopped the VM forcibly, as it stops every direct-boot cloud-hypervisor VM", timeout, asked.why)}
 	case took >= timeout:
@@ -100,7 +101,7 @@ type powerOffAnswer struct {
 
 // askGuestPowerOff runs poweroff in the guest and waits, within timeout, for its hypervisor to
 // end. The command's own result says little: a guest that goes down may cut the session first.
-func (s *Server) askGuestPowerOff(ctx context.Context, sb *store.Sandbox, c *store.Container, timeout time.Duration) powerOffAnswer {
+func (s *Runtime) askGuestPowerOff(ctx context.Context, sb *store.Sandbox, c *store.Container, timeout time.Duration) powerOffAnswer {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	switch path, err := s.execPath(ctx); {
@@ -116,7 +117,7 @@ func (s *Server) askGuestPowerOff(ctx context.Context, sb *store.Sandbox, c *sto
 	case errdefs.IsFailedPrecondition(err):
 		return powerOffAnswer{why: err.Error()}
 	}
-	if waitVMGone(ctx, c.VM.PID, c.VM) != nil {
+	if waitVMGone(ctx, hypervisor(c.VM.PID, c.VM)) != nil {
 		if err != nil {
 			return powerOffAnswer{why: err.Error()}
 		}
@@ -128,7 +129,7 @@ func (s *Server) askGuestPowerOff(ctx context.Context, sb *store.Sandbox, c *sto
 // powerOff stops the VM. The pod interface stays in the stopped VM's namespace: moving it costs
 // tens of milliseconds of the kernel's RCU grace periods, and it is moved only when something
 // needs it (docs/networking.md). A VM cocoon no longer has is reported as ErrNotFound (wrapped).
-func (s *Server) powerOff(ctx context.Context, sb *store.Sandbox, c *store.Container, timeout time.Duration) error {
+func (s *Runtime) powerOff(ctx context.Context, sb *store.Sandbox, c *store.Container, timeout time.Duration) error {
 	err := s.cocoonFor(sb).VMStop(ctx, c.VM.ID, cocoon.StopOptions{Force: timeout == 0, Timeout: timeout})
 	switch {
 	case errors.Is(err, cocoon.ErrNotFound):
@@ -151,7 +152,7 @@ type exitStatus struct {
 
 // recordExit records the container EXITED and closes its streams. It comes last, so a failure
 // before it is retried by the kubelet's next stop.
-func (s *Server) recordExit(c *store.Container, st exitStatus) error {
+func (s *Runtime) recordExit(c *store.Container, st exitStatus) error {
 	exited, err := s.store.Containers.Modify(c.ID, func(r *store.Container) error {
 		r.State, r.FinishedAt = store.ContainerExited, s.now()
 		r.ExitCode, r.Reason, r.Message = st.code, st.reason, st.message

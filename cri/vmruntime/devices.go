@@ -97,7 +97,7 @@ func hostDeviceKind(hostPath string) (deviceKind, string, error) {
 
 // resolveDevice is hostDeviceKind with the PCI devices of a VFIO group, read from the node's
 // sysfs: each must be bound to vfio-pci.
-func (s *Server) resolveDevice(hostPath string) (vmDevice, error) {
+func (s *Runtime) resolveDevice(hostPath string) (vmDevice, error) {
 	kind, group, err := hostDeviceKind(hostPath)
 	if err != nil || kind != devicePCI {
 		return vmDevice{kind: kind}, err
@@ -121,7 +121,7 @@ func (s *Server) resolveDevice(hostPath string) (vmDevice, error) {
 // checkDevicesCanAttach refuses devices this VM cannot take: what is neither a disk nor a VFIO
 // group, a PCI device not bound to vfio-pci, a cocoon without the attach a device needs, a
 // Firecracker VM.
-func (s *Server) checkDevicesCanAttach(ctx context.Context, devs []*runtimeapi.Device, backend string) error {
+func (s *Runtime) checkDevicesCanAttach(ctx context.Context, devs []*runtimeapi.Device, backend string) error {
 	if len(devs) == 0 {
 		return nil
 	}
@@ -173,7 +173,7 @@ func pciDeviceID(bdf string) string { return "vfio-" + strings.ReplaceAll(bdf, "
 
 // attachDevices hot-adds the container's block devices and the PCI devices of its VFIO groups to
 // its running VM. They go with the VM: a stop ends the hypervisor, which lets go of them.
-func (s *Server) attachDevices(ctx context.Context, sb *store.Sandbox, c *store.Container, vmID string) error {
+func (s *Runtime) attachDevices(ctx context.Context, sb *store.Sandbox, c *store.Container, vmID string) error {
 	cc := s.cocoonFor(sb)
 	for i, d := range c.Config.Msg.GetDevices() {
 		dev, err := s.resolveDevice(d.GetHostPath())
@@ -203,7 +203,7 @@ const guestDeviceWait = 100
 // linkDevices links each attached disk at its container path in the guest, once udev has named
 // it (a minimal image may need a nudge: udevadm trigger). PCI devices need no link: the guest's
 // driver makes its own nodes.
-func (s *Server) linkDevices(ctx context.Context, sb *store.Sandbox, c *store.Container) error {
+func (s *Runtime) linkDevices(ctx context.Context, sb *store.Sandbox, c *store.Container) error {
 	var b strings.Builder
 	for i, d := range c.Config.Msg.GetDevices() {
 		if kind, _, err := hostDeviceKind(d.GetHostPath()); err == nil && kind != deviceDisk {

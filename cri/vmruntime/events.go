@@ -64,7 +64,7 @@ func (h *eventHub) publish(ev *runtimeapi.ContainerEventResponse) {
 
 // GetContainerEvents streams container lifecycle events until the client goes away. Each carries
 // the sandbox's status and its containers' statuses as they were right after the change.
-func (s *Server) GetContainerEvents(_ *runtimeapi.GetEventsRequest, stream runtimeapi.RuntimeService_GetContainerEventsServer) error {
+func (s *Runtime) GetContainerEvents(_ *runtimeapi.GetEventsRequest, stream runtimeapi.RuntimeService_GetContainerEventsServer) error {
 	sub := s.events.subscribe()
 	defer s.events.unsubscribe(sub)
 	for {
@@ -83,7 +83,7 @@ func (s *Server) GetContainerEvents(_ *runtimeapi.GetEventsRequest, stream runti
 
 // emit publishes an event about c, which has just changed. The caller holds the sandbox lock, so
 // the statuses are those the change left.
-func (s *Server) emit(kind runtimeapi.ContainerEventType, c *store.Container) {
+func (s *Runtime) emit(kind runtimeapi.ContainerEventType, c *store.Container) {
 	if s.events.idle() {
 		return
 	}

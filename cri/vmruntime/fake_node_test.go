@@ -22,7 +22,7 @@ import (
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
 )
 
-// fakeNode is a node for the lifecycle tests: the real Server over a real store (bbolt in a
+// fakeNode is a node for the lifecycle tests: the real Runtime over a real store (bbolt in a
 // temporary directory) and a real image service, with cocoon and the pod network in memory
 // (fakeCocoon, fakeNetwork). Its clock moves 1 ms each time it is read, so durations the runtime
 // measures are the same on every run.
@@ -33,7 +33,7 @@ type fakeNode struct {
 	cocoon *fakeCocoon
 	net    *fakeNetwork
 	st     *store.Store
-	s      *Server
+	s      *Runtime
 	stop   func() // shuts the current server down and closes its store
 	clock  atomic.Int64
 }
@@ -93,7 +93,7 @@ func (n *fakeNode) restart() {
 
 // settle waits until every running container's guest set-up, which StartContainer leaves to the
 // background, is over: nothing the test looks at then changes behind it.
-func settle(s *Server) {
+func settle(s *Runtime) {
 	s.iosMu.Lock()
 	var ios []*containerIO
 	for id, cio := range s.ios {

@@ -20,7 +20,7 @@ const forkSnapshotPrefix = "cri-fork-"
 
 // forkSource is the running container a fork's pod names. A pod that is not here, not a VM pod,
 // or runs no VM is FailedPrecondition, saying which.
-func (s *Server) forkSource(sb *store.Sandbox) (*store.Container, error) {
+func (s *Runtime) forkSource(sb *store.Sandbox) (*store.Container, error) {
 	ref := sb.VM.ForkFrom
 	namespace, name, _ := strings.Cut(ref, "/")
 	sources := s.store.Sandboxes.List(func(src *store.Sandbox) bool {
@@ -43,7 +43,7 @@ func (s *Server) forkSource(sb *store.Sandbox) (*store.Container, error) {
 
 // forkVM makes a fork's VM spec: the source's VM, cloned, in the fork's pod. The fork's image must
 // be the source's, so that the kubelet's account of the images in use stays true.
-func (s *Server) forkVM(sb *store.Sandbox, img *store.Image, planned store.VM) (store.VM, error) {
+func (s *Runtime) forkVM(sb *store.Sandbox, img *store.Image, planned store.VM) (store.VM, error) {
 	src, err := s.forkSource(sb)
 	if err != nil {
 		return store.VM{}, err
@@ -76,7 +76,7 @@ type forkSave struct {
 
 // saveForkSource saves the source's VM for a fork start, or joins the save of it under way. The
 // caller clones the save, then calls release.
-func (s *Server) saveForkSource(ctx context.Context, sourceID string) (*forkSave, func(), error) {
+func (s *Runtime) saveForkSource(ctx context.Context, sourceID string) (*forkSave, func(), error) {
 	f := &s.forks
 	f.mu.Lock()
 	save := f.inFlight[sourceID]
@@ -115,7 +115,7 @@ func (s *Server) saveForkSource(ctx context.Context, sourceID string) (*forkSave
 // runForkSave saves the source's VM. Forks that start after it ended make a save of their own: a
 // fork copies its source as it is when the fork starts. The save is a use of the source, as an
 // exec is: a hibernated source wakes for it, and none hibernates while it runs.
-func (s *Server) runForkSave(ctx context.Context, sourceID string, save *forkSave) {
+func (s *Runtime) runForkSave(ctx context.Context, sourceID string, save *forkSave) {
 	defer func() {
 		s.forks.mu.Lock()
 		delete(s.forks.inFlight, sourceID)
@@ -150,7 +150,7 @@ func (s *Server) runForkSave(ctx context.Context, sourceID string, save *forkSav
 
 // removeForkLeftovers deletes the fork saves a restart cut short: forks clone with their memory
 // copied, so no VM needs one once its start is over.
-func (s *Server) removeForkLeftovers(ctx context.Context) {
+func (s *Runtime) removeForkLeftovers(ctx context.Context) {
 	snaps, err := s.cocoon.SnapshotList(ctx)
 	if err != nil {
 		s.log.Warn("cannot list cocoon's snapshots to find what interrupted forks left", "err", err)

@@ -61,7 +61,7 @@ const (
 // this cocoon has it, over SSH to the pod IP when a login is configured, or not at all. A VM may
 // learn otherwise (guestExecPath). When cocoon cannot be asked what it has, that is an error
 // (Unavailable), never "no path": the next call asks again.
-func (s *Server) execPath(ctx context.Context) (string, error) {
+func (s *Runtime) execPath(ctx context.Context) (string, error) {
 	caps, err := s.cocoon.Capabilities(ctx)
 	switch {
 	case err != nil:
@@ -75,7 +75,7 @@ func (s *Server) execPath(ctx context.Context) (string, error) {
 }
 
 // ExecPath is execPath for the daemon's log: "" when there is none or it cannot be told yet.
-func (s *Server) ExecPath(ctx context.Context) string {
+func (s *Runtime) ExecPath(ctx context.Context) string {
 	path, _ := s.execPath(ctx)
 	return path
 }
@@ -172,7 +172,7 @@ func notShellNames(env map[string]string) map[string]string {
 
 // guestExec runs a command in the container's guest and returns its exit code, by the VM's exec
 // path. A guest found to have no agent falls back to SSH where a login is configured.
-func (s *Server) guestExec(ctx context.Context, sb *store.Sandbox, c *store.Container, cmd guestCommand, stdio streaming.ExecIO) (int, error) {
+func (s *Runtime) guestExec(ctx context.Context, sb *store.Sandbox, c *store.Container, cmd guestCommand, stdio streaming.ExecIO) (int, error) {
 	path, learned, err := s.guestExecPath(ctx, c)
 	if err != nil {
 		return -1, err
@@ -202,7 +202,7 @@ func noAgentNoSSH(c *store.Container, why string) error {
 }
 
 // guestExecPath is the exec path this VM was found to have (learned), else the node's.
-func (s *Server) guestExecPath(ctx context.Context, c *store.Container) (path string, learned bool, err error) {
+func (s *Runtime) guestExecPath(ctx context.Context, c *store.Container) (path string, learned bool, err error) {
 	if cur, err := s.store.Containers.Get(c.ID); err == nil && cur.VM.GuestExecKnown {
 		return cur.VM.GuestExec, true, nil
 	}
@@ -217,7 +217,7 @@ func (e *noAgentError) Error() string { return e.why }
 
 // learnGuestExec records the VM's exec path once, so later commands neither wait for an agent that
 // is not there nor ask again.
-func (s *Server) learnGuestExec(c *store.Container, path string) {
+func (s *Runtime) learnGuestExec(c *store.Container, path string) {
 	if cur, err := s.store.Containers.Get(c.ID); err != nil || cur.VM.GuestExecKnown {
 		return
 	}
@@ -233,7 +233,7 @@ func (s *Server) learnGuestExec(c *store.Container, path string) {
 }
 
 // learnNoAgent records that the VM has no agent and returns the path its commands take instead.
-func (s *Server) learnNoAgent(c *store.Container, none *noAgentError) string {
+func (s *Runtime) learnNoAgent(c *store.Container, none *noAgentError) string {
 	path := ExecPathNone
 	if s.cfg.GuestSSH.configured() {
 		path = ExecPathSSH
@@ -256,7 +256,7 @@ func DescribeExecPath(path string) string {
 // its initial size). A booting guest's agent is waited for until ctx ends, or until the guest-ready
 // timeout after the VM started has passed: then the guest has no agent (a noAgentError), as when
 // cocoon says the VM has no vsock.
-func (s *Server) agentExec(ctx context.Context, sb *store.Sandbox, c *store.Container, cmd guestCommand, stdio streaming.ExecIO) (int, error) {
+func (s *Runtime) agentExec(ctx context.Context, sb *store.Sandbox, c *store.Container, cmd guestCommand, stdio streaming.ExecIO) (int, error) {
 	argv := cmd.agentArgv(stdio.TTY)
 	if stdio.TTY {
 		stdio.Stderr = stdio.Stdout
@@ -293,12 +293,12 @@ func (s *Server) agentExec(ctx context.Context, sb *store.Sandbox, c *store.Cont
 }
 
 // vmHasVsock reports whether cocoon shows the VM with a vsock socket for its agent.
-func (s *Server) vmHasVsock(ctx context.Context, vmID string) bool {
+func (s *Runtime) vmHasVsock(ctx context.Context, vmID string) bool {
 	vm, err := s.cocoon.VMInspect(ctx, vmID)
 	return err == nil && vm.VsockSocket != ""
 }
 
-func (s *Server) sshExec(ctx context.Context, sb *store.Sandbox, c *store.Container, argv []string, stdio streaming.ExecIO) (int, error) {
+func (s *Runtime) sshExec(ctx context.Context, sb *store.Sandbox, c *store.Container, argv []string, stdio streaming.ExecIO) (int, error) {
 	if sb.Network == nil || len(sb.Network.IPs) == 0 {
 		return -1, precondition("the pod has no IP to reach its guest's sshd at")
 	}
@@ -309,7 +309,7 @@ func (s *Server) sshExec(ctx context.Context, sb *store.Sandbox, c *store.Contai
 	return streaming.SSHExec(ctx, target, argv, stdio)
 }
 
-func (s *Server) sshTarget(sb *store.Sandbox, c *store.Container) (streaming.SSHTarget, error) {
+func (s *Runtime) sshTarget(sb *store.Sandbox, c *store.Container) (streaming.SSHTarget, error) {
 	g := s.cfg.GuestSSH
 	user, password := g.User, ""
 	if img, err := s.store.Images.Get(c.ImageID); err == nil {
@@ -347,7 +347,7 @@ func (s *Server) sshTarget(sb *store.Sandbox, c *store.Container) (streaming.SSH
 // and records it; later connections must present the same key. A guest generates its key at first
 // boot, so nothing can be known in advance; a changed key means another machine answers at the
 // pod IP, and is refused.
-func (s *Server) trustOnFirstUse(containerID string) ssh.HostKeyCallback {
+func (s *Runtime) trustOnFirstUse(containerID string) ssh.HostKeyCallback {
 	return func(_ string, _ net.Addr, key ssh.PublicKey) error {
 		presented := ssh.MarshalAuthorizedKey(key)
 		// A key already pinned is compared without a write: probes log in every few seconds.

@@ -23,7 +23,7 @@ func TestChangedGuestHostKeyIsRefused(t *testing.T) {
 	if err := st.Containers.Create(&store.Container{ID: "c1", Name: "c1"}); err != nil {
 		t.Fatal(err)
 	}
-	s := &Server{store: st}
+	s := &Runtime{store: st}
 	first, second := hostKey(t), hostKey(t)
 	if err := s.trustOnFirstUse("c1")("guest:22", nil, first); err != nil {
 		t.Fatalf("first login: %v", err)
@@ -38,7 +38,7 @@ func TestChangedGuestHostKeyIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	s = &Server{store: st}
+	s = &Runtime{store: st}
 	err = s.trustOnFirstUse("c1")("guest:22", nil, second)
 	if err == nil || !strings.Contains(err.Error(), "host key changed") {
 		t.Fatalf("a different key: %v, want refused", err)

@@ -24,7 +24,7 @@ import (
 // pod's hostname (cocoon names the guest after the VM) and the pod's resolvers with their search
 // domains and options (cocoon passes servers only). Without an exec path the guest keeps what
 // cocoon gave it; docs/networking.md says so.
-func (s *Server) setUpGuest(ctx context.Context, sb *store.Sandbox, c *store.Container) {
+func (s *Runtime) setUpGuest(ctx context.Context, sb *store.Sandbox, c *store.Container) {
 	log := s.log.With("container", c.ID, "vm", c.VM.Name)
 	// A cocoon that cannot be asked now is asked again below, within the budget: a passing failure
 	// must not leave the guest unconfigured for good.
@@ -51,13 +51,13 @@ func (s *Server) setUpGuest(ctx context.Context, sb *store.Sandbox, c *store.Con
 }
 
 // configureGuest runs the guest set-up script until the guest takes it, within ctx.
-func (s *Server) configureGuest(ctx context.Context, sb *store.Sandbox, c *store.Container) error {
+func (s *Runtime) configureGuest(ctx context.Context, sb *store.Sandbox, c *store.Container) error {
 	return s.runGuestScript(ctx, sb, c, "configuring the guest for the pod", func() string { return guestSetupScript(sb, c, s.nowFunc()) })
 }
 
 // runGuestScript runs a shell script in the guest until the guest takes it, within ctx. The script
 // is written anew at each try: it may carry the host's time.
-func (s *Server) runGuestScript(ctx context.Context, sb *store.Sandbox, c *store.Container, what string, script func() string) error {
+func (s *Runtime) runGuestScript(ctx context.Context, sb *store.Sandbox, c *store.Container, what string, script func() string) error {
 	for {
 		// The guest's output is only reported, and a hostile guest may print without end: its tail.
 		out := &syncio.Tail{Max: guestOutputTail}
@@ -83,7 +83,7 @@ func (s *Server) runGuestScript(ctx context.Context, sb *store.Sandbox, c *store
 // reseedClone gives a clone its own machine-id and fresh entropy: every clone of a snapshot wakes
 // with the snapshot's. cocoon v0.5 tries that itself after vm clone, in the background and
 // without reporting a failure; asked again once the agent has answered, it is made sure of.
-func (s *Server) reseedClone(ctx context.Context, c *store.Container, log *slog.Logger) {
+func (s *Runtime) reseedClone(ctx context.Context, c *store.Container, log *slog.Logger) {
 	if path, _, err := s.guestExecPath(ctx, c); err != nil || path != ExecPathAgent {
 		return
 	}
@@ -116,7 +116,7 @@ func stepClockLine(backend string, now time.Time) string {
 
 // stepGuestClock steps a woken guest's clock to the host's, best effort: a failure is logged and
 // the guest keeps its clock. It waits for the guest within wakeClockTimeout at most.
-func (s *Server) stepGuestClock(ctx context.Context, sb *store.Sandbox, c *store.Container) {
+func (s *Runtime) stepGuestClock(ctx context.Context, sb *store.Sandbox, c *store.Container) {
 	if path, _, err := s.guestExecPath(ctx, c); err == nil && path == ExecPathNone {
 		return
 	}

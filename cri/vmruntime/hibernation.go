@@ -113,7 +113,7 @@ func (st *idleState) closeWatch() {
 // RunHibernation looks at the use of the VMs that may hibernate every idleTick until ctx ends,
 // hibernates those idle for their pod's period, and waits for the traffic that wakes the
 // hibernated ones.
-func (s *Server) RunHibernation(ctx context.Context) {
+func (s *Runtime) RunHibernation(ctx context.Context) {
 	t := time.NewTicker(idleTick)
 	defer t.Stop()
 	for {
@@ -130,7 +130,7 @@ func (s *Server) RunHibernation(ctx context.Context) {
 
 // lookAtIdleVMs is one look at every running container whose pod may hibernate. It returns the
 // containers idle for their pod's period, for hibernateIdle.
-func (s *Server) lookAtIdleVMs(ctx context.Context) (idle []string) {
+func (s *Runtime) lookAtIdleVMs(ctx context.Context) (idle []string) {
 	now := s.nowFunc()
 	watched := map[string]bool{}
 	for _, c := range s.store.Containers.List(func(c *store.Container) bool { return c.State == store.ContainerRunning }) {
@@ -164,7 +164,7 @@ func (s *Server) lookAtIdleVMs(ctx context.Context) (idle []string) {
 
 // idleFor updates what is known of an awake VM's use and says how long it has been idle; 0 when it
 // is in use, cannot hibernate, or waits for a retry.
-func (s *Server) idleFor(sb *store.Sandbox, c *store.Container, now time.Time) time.Duration {
+func (s *Runtime) idleFor(sb *store.Sandbox, c *store.Container, now time.Time) time.Duration {
 	s.idle.mu.Lock()
 	st := s.idle.get(c.ID, now)
 	if st.refused != "" || st.busy || now.Before(st.retryAt) {
@@ -220,7 +220,7 @@ func (s *Server) idleFor(sb *store.Sandbox, c *store.Container, now time.Time) t
 
 // settingUpGuest says whether the guest's set-up for the pod is still under way: it runs commands
 // in the guest, which a hibernation would cut.
-func (s *Server) settingUpGuest(containerID string) bool {
+func (s *Runtime) settingUpGuest(containerID string) bool {
 	cio := s.ioOf(containerID)
 	if cio == nil {
 		return false
@@ -236,7 +236,7 @@ func (s *Server) settingUpGuest(containerID string) bool {
 // openTrafficWatch opens the watch of the pod interface in the VM's namespace; nil (the pod's
 // traffic then keeps nothing awake) when the VM has no namespace of its own or the pod no
 // address.
-func (s *Server) openTrafficWatch(sb *store.Sandbox, c *store.Container) tapmanager.Traffic {
+func (s *Runtime) openTrafficWatch(sb *store.Sandbox, c *store.Container) tapmanager.Traffic {
 	ip := podIPv4(sb)
 	if c.VM.NetNS == "" || ip == nil {
 		return nil
@@ -262,7 +262,7 @@ func podIPv4(sb *store.Sandbox) net.IP {
 }
 
 // hibernateIdle hibernates a container's VM that was found idle, unless a use began meanwhile.
-func (s *Server) hibernateIdle(ctx context.Context, containerID string) {
+func (s *Runtime) hibernateIdle(ctx context.Context, containerID string) {
 	s.idle.mu.Lock()
 	st := s.idle.by[containerID]
 	if st == nil || st.busy || st.inUse > 0 {
@@ -300,7 +300,7 @@ type hibernationRefusal struct{ why string }
 func (r *hibernationRefusal) Error() string { return "cannot hibernate: " + r.why }
 
 // Hibernate saves a running container's VM and ends its hypervisor; the container stays RUNNING.
-func (s *Server) Hibernate(ctx context.Context, containerID string) error {
+func (s *Runtime) Hibernate(ctx context.Context, containerID string) error {
 	c, sb, unlock, err := s.lockContainer(containerID)
 	if err != nil {
 		return err
@@ -352,7 +352,7 @@ func (s *Server) Hibernate(ctx context.Context, containerID string) error {
 }
 
 // cannotHibernate says why a VM can never hibernate, or "".
-func (s *Server) cannotHibernate(ctx context.Context, c *store.Container) string {
+func (s *Runtime) cannotHibernate(ctx context.Context, c *store.Container) string {
 	caps, err := s.cocoon.Capabilities(ctx)
 	switch {
 	case err != nil:
@@ -381,7 +381,7 @@ func refusedByCocoon(err error) string {
 
 // forgetHibernation clears a hibernation that did not happen, and deletes its snapshot should
 // cocoon have kept one.
-func (s *Server) forgetHibernation(ctx context.Context, containerID, snapshot string) {
+func (s *Runtime) forgetHibernation(ctx context.Context, containerID, snapshot string) {
 	s.removeSnapshot(ctx, snapshot, "a failed hibernation")
 	if _, err := s.store.Containers.Modify(containerID, func(r *store.Container) error {
 		r.VM.Hibernation = store.Hibernation{}
@@ -393,7 +393,7 @@ func (s *Server) forgetHibernation(ctx context.Context, containerID, snapshot st
 
 // awaitTraffic makes sure a hibernated container's pod interface is watched for the packet that
 // wakes it.
-func (s *Server) awaitTraffic(ctx context.Context, sb *store.Sandbox, c *store.Container) {
+func (s *Runtime) awaitTraffic(ctx context.Context, sb *store.Sandbox, c *store.Container) {
 	s.idle.mu.Lock()
 	st := s.idle.get(c.ID, s.nowFunc())
 	if st.cancelWait != nil || st.busy {
@@ -429,7 +429,7 @@ func (s *Server) awaitTraffic(ctx context.Context, sb *store.Sandbox, c *store.C
 }
 
 // Wake resumes a hibernated container's VM; nothing happens to one that is awake.
-func (s *Server) Wake(ctx context.Context, containerID string) error {
+func (s *Runtime) Wake(ctx context.Context, containerID string) error {
 	c, sb, unlock, err := s.lockContainer(containerID)
 	if err != nil {
 		return err
@@ -463,7 +463,7 @@ func (s *Server) Wake(ctx context.Context, containerID string) error {
 }
 
 // recordWoken puts a woken VM's new hypervisor into the pod's cgroup and records it awake.
-func (s *Server) recordWoken(sb *store.Sandbox, c *store.Container, vm *cocoon.VM) error {
+func (s *Runtime) recordWoken(sb *store.Sandbox, c *store.Container, vm *cocoon.VM) error {
 	if _, _, err := s.placeVM(sb, c, vm.PID); err != nil {
 		return err
 	}
@@ -492,7 +492,7 @@ func (s *Server) recordWoken(sb *store.Sandbox, c *store.Container, vm *cocoon.V
 
 // inUse marks a use of the container's VM that lasts until the returned release, waking the VM
 // first when it hibernates. Uses keep it from hibernating.
-func (s *Server) inUse(ctx context.Context, containerID string) (release func(), err error) {
+func (s *Runtime) inUse(ctx context.Context, containerID string) (release func(), err error) {
 	s.idle.mu.Lock()
 	st := s.idle.get(containerID, s.nowFunc())
 	st.inUse++
@@ -517,7 +517,7 @@ func (s *Server) inUse(ctx context.Context, containerID string) (release func(),
 // discardHibernation ends a hibernated container without waking its guest: the saved state is
 // deleted; the pod interface stays in the VM's namespace, as a stopped VM's does. The caller holds
 // the sandbox lock.
-func (s *Server) discardHibernation(ctx context.Context, c *store.Container) error {
+func (s *Runtime) discardHibernation(ctx context.Context, c *store.Container) error {
 	s.removeSnapshot(ctx, c.VM.Hibernation.Snapshot, "a hibernation")
 	s.idle.drop(c.ID)
 	if _, err := s.store.Containers.Modify(c.ID, func(r *store.Container) error {
@@ -540,7 +540,7 @@ type hibernationInfo struct {
 	LastError       string `json:"lastError,omitempty"`
 }
 
-func (s *Server) hibernationInfo(sb *store.Sandbox, c *store.Container) *hibernationInfo {
+func (s *Runtime) hibernationInfo(sb *store.Sandbox, c *store.Container) *hibernationInfo {
 	if sb.VM.HibernateAfter <= 0 && c.VM.Hibernation.Snapshot == "" {
 		return nil
 	}
@@ -559,7 +559,7 @@ func (s *Server) hibernationInfo(sb *store.Sandbox, c *store.Container) *hiberna
 // recoverHibernations settles, after a restart, the hibernations and wakes a crash cut short, from
 // what cocoon's VM list shows: a VM that runs is awake (a hibernation that failed, or a wake whose
 // restore was done), one that is stopped holds its saved state if the snapshot exists.
-func (s *Server) recoverHibernations(ctx context.Context, vms []cocoon.VM) {
+func (s *Runtime) recoverHibernations(ctx context.Context, vms []cocoon.VM) {
 	byID := make(map[string]cocoon.VM, len(vms))
 	for _, vm := range vms {
 		byID[vm.ID] = vm

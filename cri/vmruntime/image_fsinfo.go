@@ -11,7 +11,7 @@ import (
 
 // ImageFsInfo reports the bytes and inodes that images (cocoon's root dir) and containers (the
 // VMs' writable disks in cocoon's run dir) use, for the kubelet's eviction and image GC.
-func (s *Server) ImageFsInfo(ctx context.Context, _ *runtimeapi.ImageFsInfoRequest) (*runtimeapi.ImageFsInfoResponse, error) {
+func (s *Runtime) ImageFsInfo(ctx context.Context, _ *runtimeapi.ImageFsInfoRequest) (*runtimeapi.ImageFsInfoResponse, error) {
 	images, containers, at, err := s.images.FsUsage(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("measure disk usage: %w", err)

@@ -25,7 +25,7 @@ const (
 var importStream = grpc.StreamDesc{StreamName: "Import", ClientStreams: true}
 
 // RegisterImport adds the image import service to a gRPC server.
-func (s *Server) RegisterImport(g *grpc.Server) {
+func (s *Runtime) RegisterImport(g *grpc.Server) {
 	desc := importStream
 	desc.Handler = func(_ any, stream grpc.ServerStream) error { return s.serveImport(stream) }
 	g.RegisterService(&grpc.ServiceDesc{
@@ -35,7 +35,7 @@ func (s *Server) RegisterImport(g *grpc.Server) {
 	}, s)
 }
 
-func (s *Server) serveImport(stream grpc.ServerStream) error {
+func (s *Runtime) serveImport(stream grpc.ServerStream) error {
 	md, _ := metadata.FromIncomingContext(stream.Context())
 	ref, digest := firstOr(md.Get(importRefKey), ""), firstOr(md.Get(importDigestKy), "")
 	if ref == "" || digest == "" {

@@ -9,16 +9,16 @@ import (
 )
 
 // ListImages answers from the store; the filter names one image by reference or ID.
-func (s *Server) ListImages(_ context.Context, req *runtimeapi.ListImagesRequest) (*runtimeapi.ListImagesResponse, error) {
+func (s *Runtime) ListImages(_ context.Context, req *runtimeapi.ListImagesRequest) (*runtimeapi.ListImagesResponse, error) {
 	return &runtimeapi.ListImagesResponse{Images: s.listImages(req.GetFilter())}, nil
 }
 
 // StreamImages sends the same list as ListImages, in one message.
-func (s *Server) StreamImages(req *runtimeapi.StreamImagesRequest, stream runtimeapi.ImageService_StreamImagesServer) error {
+func (s *Runtime) StreamImages(req *runtimeapi.StreamImagesRequest, stream runtimeapi.ImageService_StreamImagesServer) error {
 	return stream.Send(&runtimeapi.StreamImagesResponse{Images: s.listImages(req.GetFilter())})
 }
 
-func (s *Server) listImages(f *runtimeapi.ImageFilter) []*runtimeapi.Image {
+func (s *Runtime) listImages(f *runtimeapi.ImageFilter) []*runtimeapi.Image {
 	records := s.images.List(f.GetImage().GetImage())
 	out := make([]*runtimeapi.Image, 0, len(records))
 	for _, img := range records {

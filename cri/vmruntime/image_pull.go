@@ -11,7 +11,7 @@ import (
 // PullImage resolves the image in its registry and brings it into cocoon: a snapshot, a cloud
 // image or an OCI VM image, told apart by the manifest's artifactType (imagestore.Pull). The
 // reply is the image ID, the digest of the manifest for this node's platform.
-func (s *Server) PullImage(ctx context.Context, req *runtimeapi.PullImageRequest) (*runtimeapi.PullImageResponse, error) {
+func (s *Runtime) PullImage(ctx context.Context, req *runtimeapi.PullImageRequest) (*runtimeapi.PullImageResponse, error) {
 	ref := req.GetImage().GetImage()
 	if ref == "" {
 		return nil, invalid("image is required")

@@ -10,7 +10,7 @@ import (
 // artifact is deleted when no reference is left and no container needs it; a clone that reads the
 // snapshot's memory on demand keeps it until that container is removed. A warm pool whose reference
 // no longer names the image is drained. A missing image succeeds.
-func (s *Server) RemoveImage(ctx context.Context, req *runtimeapi.RemoveImageRequest) (*runtimeapi.RemoveImageResponse, error) {
+func (s *Runtime) RemoveImage(ctx context.Context, req *runtimeapi.RemoveImageRequest) (*runtimeapi.RemoveImageResponse, error) {
 	ref := req.GetImage().GetImage()
 	if ref == "" {
 		return nil, invalid("image is required")

@@ -12,7 +12,7 @@ import (
 
 // ImageStatus finds an image by reference, ID or ID prefix. A missing image is an empty answer,
 // not an error: that is how the kubelet learns it has to pull.
-func (s *Server) ImageStatus(_ context.Context, req *runtimeapi.ImageStatusRequest) (*runtimeapi.ImageStatusResponse, error) {
+func (s *Runtime) ImageStatus(_ context.Context, req *runtimeapi.ImageStatusRequest) (*runtimeapi.ImageStatusResponse, error) {
 	ref := req.GetImage().GetImage()
 	if ref == "" {
 		return nil, invalid("image is required")

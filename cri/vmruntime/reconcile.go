@@ -40,7 +40,7 @@ func ParseOrphanPolicy(s string) (OrphanPolicy, error) {
 // no record are removed. Nothing here fails the start: a roll-back that fails (a broken CNI DEL)
 // keeps its record, which holds the pod's name, and is retried in the background while the CRI is
 // served; the rest is retried by the periodic sweep or the next start.
-func (s *Server) Recover(ctx context.Context) error {
+func (s *Runtime) Recover(ctx context.Context) error {
 	for _, sb := range s.store.Sandboxes.List(func(sb *store.Sandbox) bool { return sb.State == store.SandboxCreating }) {
 		s.log.Info("rolling back an interrupted RunPodSandbox", "sandbox", sb.ID, "name", sb.Name)
 		if err := s.rollbackSandbox(ctx, sb); err != nil {
@@ -87,7 +87,7 @@ const (
 )
 
 // retryRollback rolls back a sandbox left creating until it works or ctx ends.
-func (s *Server) retryRollback(ctx context.Context, id string) {
+func (s *Runtime) retryRollback(ctx context.Context, id string) {
 	wait := rollbackRetryFirst
 	for {
 		select {
@@ -103,7 +103,7 @@ func (s *Server) retryRollback(ctx context.Context, id string) {
 }
 
 // rollbackOnce is one try, under the sandbox's lock; it reports whether nothing is left to do.
-func (s *Server) rollbackOnce(ctx context.Context, id string) bool {
+func (s *Runtime) rollbackOnce(ctx context.Context, id string) bool {
 	unlock := s.locks.Lock(id)
 	defer unlock()
 	sb, err := s.store.Sandboxes.Get(id)
@@ -120,7 +120,7 @@ func (s *Server) rollbackOnce(ctx context.Context, id string) bool {
 
 // handleOrphans applies the orphan policy to VMs named like cocoon-cri's that no container record
 // claims, by ID or by name (a start that a crash cut short has the name but no ID).
-func (s *Server) handleOrphans(ctx context.Context, vms []cocoon.VM) {
+func (s *Runtime) handleOrphans(ctx context.Context, vms []cocoon.VM) {
 	claimed := map[string]bool{}
 	for _, c := range s.store.Containers.List(nil) {
 		claimed[c.VM.ID], claimed[c.VM.Name] = true, true
@@ -160,7 +160,7 @@ func (s *Server) handleOrphans(ctx context.Context, vms []cocoon.VM) {
 // log) is the VM's and goes on. A main process ran through a cocoon vm exec that ended with the
 // old cocoon-cri, so its exit status is lost: the container exits, and its VM stops, so the
 // kubelet restarts it the usual way.
-func (s *Server) resumeIO(ctx context.Context, c *store.Container) {
+func (s *Runtime) resumeIO(ctx context.Context, c *store.Container) {
 	sb, err := s.store.Sandboxes.Get(c.SandboxID)
 	if err != nil {
 		return

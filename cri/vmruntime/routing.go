@@ -17,34 +17,34 @@ import (
 // memory: the edge asks on every request, the kubelet's relists included.
 
 // HandlerName is the RuntimeClass handler of VM pods.
-func (s *Server) HandlerName() string { return HandlerName }
+func (s *Runtime) HandlerName() string { return HandlerName }
 
 // ServesHandler reports whether RunPodSandbox with handler makes a VM pod.
-func (s *Server) ServesHandler(handler string) bool {
+func (s *Runtime) ServesHandler(handler string) bool {
 	return handler == HandlerName || (handler == "" && s.cfg.ServeDefaultHandler)
 }
 
 // OwnsSandbox reports whether idOrPrefix names a sandbox of this runtime; a prefix that names
 // several is still this runtime's to refuse.
-func (s *Server) OwnsSandbox(idOrPrefix string) bool {
+func (s *Runtime) OwnsSandbox(idOrPrefix string) bool {
 	_, err := s.store.Sandboxes.Resolve(idOrPrefix)
 	return err == nil || errors.Is(err, store.ErrAmbiguous)
 }
 
 // OwnsContainer is OwnsSandbox for containers.
-func (s *Server) OwnsContainer(idOrPrefix string) bool {
+func (s *Runtime) OwnsContainer(idOrPrefix string) bool {
 	_, err := s.store.Containers.Resolve(idOrPrefix)
 	return err == nil || errors.Is(err, store.ErrAmbiguous)
 }
 
 // HoldsVMArtifact reports whether ref names a snapshot or cloud image held here.
-func (s *Server) HoldsVMArtifact(ref string) bool {
+func (s *Runtime) HoldsVMArtifact(ref string) bool {
 	img, err := s.images.Get(ref)
 	return err == nil && img.Kind != store.ImageOCI
 }
 
 // IsVMArtifact resolves ref in its registry and reports whether it is a snapshot or a cloud image.
-func (s *Server) IsVMArtifact(ctx context.Context, ref string, auth *runtimeapi.AuthConfig) (bool, error) {
+func (s *Runtime) IsVMArtifact(ctx context.Context, ref string, auth *runtimeapi.AuthConfig) (bool, error) {
 	kind, err := s.images.Classify(ctx, ref, pullCredentials(auth))
 	if err != nil {
 		return false, err
@@ -54,12 +54,12 @@ func (s *Server) IsVMArtifact(ctx context.Context, ref string, auth *runtimeapi.
 
 // NotePull keeps the credentials another runtime pulled ref with, for a VM pod that then needs
 // ref brought into cocoon (containerImage).
-func (s *Server) NotePull(ref string, auth *runtimeapi.AuthConfig) {
+func (s *Runtime) NotePull(ref string, auth *runtimeapi.AuthConfig) {
 	s.pullAuths.note(ref, pullCredentials(auth), s.nowFunc())
 }
 
 // CgroupDriver is the driver VMs are placed into pod cgroups with.
-func (s *Server) CgroupDriver() runtimeapi.CgroupDriver {
+func (s *Runtime) CgroupDriver() runtimeapi.CgroupDriver {
 	if s.cgroups.Name() == cgroups.Systemd {
 		return runtimeapi.CgroupDriver_SYSTEMD
 	}

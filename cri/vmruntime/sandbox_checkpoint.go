@@ -41,7 +41,7 @@ type podCheckpointMember struct {
 // resumes it before the call returns, on failure too. cocoon has no command that pauses a VM
 // without saving it, so a pod whose containers are several VMs cannot be cut at one instant, and
 // is refused rather than captured one VM after another.
-func (s *Server) CheckpointPod(ctx context.Context, req *runtimeapi.CheckpointPodRequest) (*runtimeapi.CheckpointPodResponse, error) {
+func (s *Runtime) CheckpointPod(ctx context.Context, req *runtimeapi.CheckpointPodRequest) (*runtimeapi.CheckpointPodResponse, error) {
 	if req.GetPodSandboxId() == "" {
 		return nil, invalid("pod sandbox ID is required")
 	}
@@ -104,7 +104,7 @@ func checkEmptyDir(dir string) error {
 
 // selectedContainers checks that ids, without duplicates, are exactly the sandbox's running
 // containers, and returns them.
-func (s *Server) selectedContainers(sb *store.Sandbox, ids []string) ([]*store.Container, error) {
+func (s *Runtime) selectedContainers(sb *store.Sandbox, ids []string) ([]*store.Container, error) {
 	var running []*store.Container
 	for _, c := range s.sandboxContainers(sb.ID) {
 		if c.State == store.ContainerRunning {
@@ -132,7 +132,7 @@ func (s *Server) selectedContainers(sb *store.Sandbox, ids []string) ([]*store.C
 
 // writePodCheckpoint writes each container's archive, then pod.json. On failure it removes what
 // it wrote, and only that: the directory is the caller's.
-func (s *Server) writePodCheckpoint(ctx context.Context, sb *store.Sandbox, members []*store.Container, dir string) (err error) {
+func (s *Runtime) writePodCheckpoint(ctx context.Context, sb *store.Sandbox, members []*store.Container, dir string) (err error) {
 	var written []string
 	defer func() {
 		if err != nil {

@@ -10,16 +10,16 @@ import (
 )
 
 // ListPodSandbox answers from the store. The ID filter accepts a prefix, like crictl's short IDs.
-func (s *Server) ListPodSandbox(_ context.Context, req *runtimeapi.ListPodSandboxRequest) (*runtimeapi.ListPodSandboxResponse, error) {
+func (s *Runtime) ListPodSandbox(_ context.Context, req *runtimeapi.ListPodSandboxRequest) (*runtimeapi.ListPodSandboxResponse, error) {
 	return &runtimeapi.ListPodSandboxResponse{Items: s.listSandboxes(req.GetFilter())}, nil
 }
 
 // StreamPodSandboxes sends the same list as ListPodSandbox, in one message.
-func (s *Server) StreamPodSandboxes(req *runtimeapi.StreamPodSandboxesRequest, stream runtimeapi.RuntimeService_StreamPodSandboxesServer) error {
+func (s *Runtime) StreamPodSandboxes(req *runtimeapi.StreamPodSandboxesRequest, stream runtimeapi.RuntimeService_StreamPodSandboxesServer) error {
 	return stream.Send(&runtimeapi.StreamPodSandboxesResponse{PodSandboxes: s.listSandboxes(req.GetFilter())})
 }
 
-func (s *Server) listSandboxes(f *runtimeapi.PodSandboxFilter) []*runtimeapi.PodSandbox {
+func (s *Runtime) listSandboxes(f *runtimeapi.PodSandboxFilter) []*runtimeapi.PodSandbox {
 	records := s.store.Sandboxes.List(func(sb *store.Sandbox) bool {
 		if sb.State == store.SandboxCreating {
 			return false

@@ -23,7 +23,7 @@ import (
 // loadNetwork picks the network a new sandbox joins: the one named by the pod's network
 // annotation, or the node's default. A pod may name only the default network and those the
 // operator allows: the directory may hold networks pods must not join (a management network).
-func (s *Server) loadNetwork(name string) (*libcni.NetworkConfigList, error) {
+func (s *Runtime) loadNetwork(name string) (*libcni.NetworkConfigList, error) {
 	list, err := s.net.Load("")
 	if errors.Is(err, tapmanager.ErrNoNetwork) {
 		return nil, precondition("the node's pod network is not ready: %v", err)
@@ -47,7 +47,7 @@ func (s *Server) loadNetwork(name string) (*libcni.NetworkConfigList, error) {
 
 // attachSandbox runs the cluster's CNI ADD in the sandbox's namespace and prepares the
 // configuration through which its VMs take the interface over.
-func (s *Server) attachSandbox(ctx context.Context, sb *store.Sandbox, list *libcni.NetworkConfigList) error {
+func (s *Runtime) attachSandbox(ctx context.Context, sb *store.Sandbox, list *libcni.NetworkConfigList) error {
 	result, err := s.net.Add(ctx, list, podForCNI(sb))
 	if err != nil {
 		return err
@@ -67,7 +67,7 @@ func (s *Server) attachSandbox(ctx context.Context, sb *store.Sandbox, list *lib
 
 // detachSandbox runs the cluster's CNI DEL once: it releases the pod's IP and whatever the plugins
 // set up for it (host ports, the veth).
-func (s *Server) detachSandbox(ctx context.Context, sb *store.Sandbox) error {
+func (s *Runtime) detachSandbox(ctx context.Context, sb *store.Sandbox) error {
 	if sb.Network == nil || sb.Network.Released {
 		return nil
 	}
@@ -97,15 +97,8 @@ func podForCNI(sb *store.Sandbox) tapmanager.Pod {
 	return tapmanager.Pod{SandboxID: sb.ID, NetNS: sb.NetNS, Config: sb.Config.Msg}
 }
 
-// cocoonFor is the cocoon client for a sandbox's VMs: every call on them (create, clone, start, rm)
-// must see the sandbox's network configuration, which names the attach plugin. Guest DNS servers
-// follow the pod's DNS config.
-func (s *Server) cocoonFor(sb *store.Sandbox) Cocoon {
-	return s.cocoon.WithNetwork(s.net.CocoonConfDir(sb.ID), s.net.PluginDir(), sb.Config.Msg.GetDnsConfig().GetServers())
-}
-
 // reclaimInterface takes the pod interface back from a container's stopped VM, if that VM holds it.
-func (s *Server) reclaimInterface(sb *store.Sandbox, c *store.Container) error {
+func (s *Runtime) reclaimInterface(sb *store.Sandbox, c *store.Container) error {
 	if sb.Network == nil || len(sb.Network.Result) == 0 || c.VM.NetNS == "" {
 		return nil
 	}
@@ -115,6 +108,6 @@ func (s *Server) reclaimInterface(sb *store.Sandbox, c *store.Container) error {
 // reclaimLostVM takes the pod interface back from the namespace of a VM cocoon no longer knows:
 // no vm rm will run the attach plugin's DEL for it, and a namespace that outlived its VM would
 // keep the interface from the pod's next VM.
-func (s *Server) reclaimLostVM(sb *store.Sandbox, c *store.Container) error {
+func (s *Runtime) reclaimLostVM(sb *store.Sandbox, c *store.Container) error {
 	return s.reclaimInterface(sb, c)
 }

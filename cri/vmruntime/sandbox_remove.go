@@ -12,7 +12,7 @@ import (
 
 // RemovePodSandbox removes the sandbox's VMs, containers, network namespace and record. Removing a
 // missing sandbox succeeds; a running one is stopped first, as the CRI asks.
-func (s *Server) RemovePodSandbox(ctx context.Context, req *runtimeapi.RemovePodSandboxRequest) (*runtimeapi.RemovePodSandboxResponse, error) {
+func (s *Runtime) RemovePodSandbox(ctx context.Context, req *runtimeapi.RemovePodSandboxRequest) (*runtimeapi.RemovePodSandboxResponse, error) {
 	if err := s.removeSandbox(ctx, req.GetPodSandboxId()); err != nil {
 		if isNotFound(err) {
 			return &runtimeapi.RemovePodSandboxResponse{}, nil
@@ -26,7 +26,7 @@ func (s *Server) RemovePodSandbox(ctx context.Context, req *runtimeapi.RemovePod
 	return &runtimeapi.RemovePodSandboxResponse{}, nil
 }
 
-func (s *Server) removeSandbox(ctx context.Context, id string) error {
+func (s *Runtime) removeSandbox(ctx context.Context, id string) error {
 	sb, unlock, err := s.lockSandbox(id)
 	if err != nil {
 		return err

@@ -33,7 +33,7 @@ type restoreMember struct {
 // namespace, IP and MAC), and one container per checkpointed container, CREATED, whose image is
 // the container's checkpoint. StartContainer clones it, which resumes the saved machine under the
 // new pod's identity. The checkpoint directory is only read. On error nothing of the call is left.
-func (s *Server) RestorePod(ctx context.Context, req *runtimeapi.RestorePodRequest) (*runtimeapi.RestorePodResponse, error) {
+func (s *Runtime) RestorePod(ctx context.Context, req *runtimeapi.RestorePodRequest) (*runtimeapi.RestorePodResponse, error) {
 	if req.GetConfig() == nil {
 		return nil, invalid("pod sandbox config is required")
 	}
@@ -165,7 +165,7 @@ func readArchiveMetadata(path string) (*checkpoint.Metadata, error) {
 
 // importCheckpoint brings a container's checkpoint archive in as an image, once per content, and
 // returns its reference.
-func (s *Server) importCheckpoint(ctx context.Context, path string) (string, error) {
+func (s *Runtime) importCheckpoint(ctx context.Context, path string) (string, error) {
 	digest, err := s.archives.digest(path, s.nowFunc())
 	if err != nil {
 		return "", err
@@ -184,7 +184,7 @@ func (s *Server) importCheckpoint(ctx context.Context, path string) (string, err
 
 // discardRestoredSandbox removes the sandbox of a restore that failed, with its containers. The
 // caller's context may be what failed, so the removal gets its own.
-func (s *Server) discardRestoredSandbox(ctx context.Context, id string) {
+func (s *Runtime) discardRestoredSandbox(ctx context.Context, id string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer cancel()
 	if _, err := s.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: id}); err != nil {

@@ -17,7 +17,7 @@ import (
 
 // RunPodSandbox records the sandbox and creates its network namespace. No VM starts yet: the VM is
 // the container, started by StartContainer.
-func (s *Server) RunPodSandbox(ctx context.Context, req *runtimeapi.RunPodSandboxRequest) (*runtimeapi.RunPodSandboxResponse, error) {
+func (s *Runtime) RunPodSandbox(ctx context.Context, req *runtimeapi.RunPodSandboxRequest) (*runtimeapi.RunPodSandboxResponse, error) {
 	cfg := req.GetConfig()
 	if err := s.validateSandboxConfig(cfg, req.GetRuntimeHandler()); err != nil {
 		return nil, err
@@ -78,7 +78,7 @@ func (s *Server) RunPodSandbox(ctx context.Context, req *runtimeapi.RunPodSandbo
 	return &runtimeapi.RunPodSandboxResponse{PodSandboxId: id}, nil
 }
 
-func (s *Server) setUpSandbox(ctx context.Context, sb *store.Sandbox, network *libcni.NetworkConfigList) error {
+func (s *Runtime) setUpSandbox(ctx context.Context, sb *store.Sandbox, network *libcni.NetworkConfigList) error {
 	if err := s.net.CreateNetNS(sb.NetNS); err != nil {
 		return fmt.Errorf("create network namespace: %w", err)
 	}
@@ -98,7 +98,7 @@ func (s *Server) setUpSandbox(ctx context.Context, sb *store.Sandbox, network *l
 
 // rollbackSandbox undoes a RunPodSandbox that did not finish. CNI DEL runs whether or not ADD got
 // through: a crash may have cut it short after the IP was leased.
-func (s *Server) rollbackSandbox(ctx context.Context, sb *store.Sandbox) error {
+func (s *Runtime) rollbackSandbox(ctx context.Context, sb *store.Sandbox) error {
 	if err := s.detachSandbox(ctx, sb); err != nil {
 		return err
 	}
@@ -116,7 +116,7 @@ func (s *Server) rollbackSandbox(ctx context.Context, sb *store.Sandbox) error {
 	return nil
 }
 
-func (s *Server) validateSandboxConfig(cfg *runtimeapi.PodSandboxConfig, handler string) error {
+func (s *Runtime) validateSandboxConfig(cfg *runtimeapi.PodSandboxConfig, handler string) error {
 	if cfg == nil {
 		return invalid("config is required")
 	}
@@ -178,7 +178,7 @@ func sysctlPath(name string) (string, bool) {
 	return name, true
 }
 
-func (s *Server) checkHandler(handler string) error {
+func (s *Runtime) checkHandler(handler string) error {
 	if s.ServesHandler(handler) {
 		return nil
 	}

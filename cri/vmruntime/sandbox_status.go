@@ -9,7 +9,7 @@ import (
 )
 
 // PodSandboxStatus answers from the store.
-func (s *Server) PodSandboxStatus(_ context.Context, req *runtimeapi.PodSandboxStatusRequest) (*runtimeapi.PodSandboxStatusResponse, error) {
+func (s *Runtime) PodSandboxStatus(_ context.Context, req *runtimeapi.PodSandboxStatusRequest) (*runtimeapi.PodSandboxStatusResponse, error) {
 	sb, err := s.visibleSandbox(req.GetPodSandboxId())
 	if err != nil {
 		return nil, err
@@ -28,7 +28,7 @@ func (s *Server) PodSandboxStatus(_ context.Context, req *runtimeapi.PodSandboxS
 }
 
 // containerStatuses are the statuses of a sandbox's containers.
-func (s *Server) containerStatuses(sandboxID string) []*runtimeapi.ContainerStatus {
+func (s *Runtime) containerStatuses(sandboxID string) []*runtimeapi.ContainerStatus {
 	containers := s.sandboxContainers(sandboxID)
 	statuses := make([]*runtimeapi.ContainerStatus, 0, len(containers))
 	for _, c := range containers {
@@ -47,7 +47,7 @@ type sandboxInfo struct {
 }
 
 // visibleSandbox resolves an ID to a sandbox the CRI can see: one whose RunPodSandbox finished.
-func (s *Server) visibleSandbox(idOrPrefix string) (*store.Sandbox, error) {
+func (s *Runtime) visibleSandbox(idOrPrefix string) (*store.Sandbox, error) {
 	if idOrPrefix == "" {
 		return nil, invalid("pod sandbox ID is required")
 	}

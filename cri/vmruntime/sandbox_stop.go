@@ -12,7 +12,7 @@ import (
 // StopPodSandbox stops every VM of the sandbox at once (the kubelet has already stopped the
 // containers gracefully) and marks the sandbox not ready. Stopping a missing or stopped sandbox
 // succeeds.
-func (s *Server) StopPodSandbox(ctx context.Context, req *runtimeapi.StopPodSandboxRequest) (*runtimeapi.StopPodSandboxResponse, error) {
+func (s *Runtime) StopPodSandbox(ctx context.Context, req *runtimeapi.StopPodSandboxRequest) (*runtimeapi.StopPodSandboxResponse, error) {
 	sb, unlock, err := s.lockSandbox(req.GetPodSandboxId())
 	if err != nil {
 		if isNotFound(err) {
@@ -45,28 +45,6 @@ func (s *Server) StopPodSandbox(ctx context.Context, req *runtimeapi.StopPodSand
 	return &runtimeapi.StopPodSandboxResponse{}, nil
 }
 
-// lockSandbox resolves a sandbox ID (or unique prefix), locks it and returns the record read under
-// the lock.
-func (s *Server) lockSandbox(idOrPrefix string) (*store.Sandbox, func(), error) {
-	if idOrPrefix == "" {
-		return nil, nil, invalid("pod sandbox ID is required")
-	}
-	id, err := s.store.Sandboxes.Resolve(idOrPrefix)
-	if err != nil {
-		return nil, nil, err
-	}
-	unlock := s.locks.Lock(id)
-	sb, err := s.store.Sandboxes.Get(id)
-	if err != nil || sb.State == store.SandboxCreating {
-		unlock()
-		if err == nil {
-			err = fmt.Errorf("sandbox %s: %w", id, store.ErrNotFound)
-		}
-		return nil, nil, err
-	}
-	return sb, unlock, nil
-}
-
-func (s *Server) sandboxContainers(sandboxID string) []*store.Container {
+func (s *Runtime) sandboxContainers(sandboxID string) []*store.Container {
 	return s.store.Containers.List(func(c *store.Container) bool { return c.SandboxID == sandboxID })
 }

@@ -14,7 +14,6 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/grpc"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/cocoonstack/cocoon-cri/imagestore"
@@ -130,8 +129,8 @@ const (
 	MinStorage int64 = 10 << 30
 )
 
-// Server implements runtimeapi.RuntimeServiceServer and runtimeapi.ImageServiceServer.
-type Server struct {
+// Runtime implements runtimeapi.RuntimeServiceServer and runtimeapi.ImageServiceServer.
+type Runtime struct {
 	runtimeapi.UnsafeRuntimeServiceServer
 	runtimeapi.UnsafeImageServiceServer
 
@@ -167,7 +166,7 @@ type Server struct {
 
 // New returns a server over the given components: the daemon's are CocoonClient(a *cocoon.Client)
 // and a *tapmanager.Manager (deps.go).
-func New(cfg Config, log *slog.Logger, st *store.Store, cc Cocoon, nets PodNetwork, images *imagestore.Service) *Server {
+func New(cfg Config, log *slog.Logger, st *store.Store, cc Cocoon, nets PodNetwork, images *imagestore.Service) *Runtime {
 	if cfg.HostCPUs <= 0 {
 		cfg.HostCPUs = runtime.NumCPU()
 	}
@@ -204,7 +203,7 @@ func New(cfg Config, log *slog.Logger, st *store.Store, cc Cocoon, nets PodNetwo
 	if cfg.VolumeSyncInterval <= 0 {
 		cfg.VolumeSyncInterval = 2 * time.Second
 	}
-	return &Server{
+	return &Runtime{
 		cfg: cfg, log: log, store: st, cocoon: cc, net: nets, images: images,
 		health:  newCocoonHealth(cc, cfg.StatusProbeInterval),
 		ios:     map[string]*containerIO{},
@@ -217,15 +216,9 @@ func New(cfg Config, log *slog.Logger, st *store.Store, cc Cocoon, nets PodNetwo
 	}
 }
 
-// Register adds both CRI services to a gRPC server.
-func (s *Server) Register(g *grpc.Server) {
-	runtimeapi.RegisterRuntimeServiceServer(g, s)
-	runtimeapi.RegisterImageServiceServer(g, s)
-}
-
 // Shutdown closes every running container's streams (their logs are flushed) and the watches of
 // hibernated pods' traffic; the VMs go on.
-func (s *Server) Shutdown() {
+func (s *Runtime) Shutdown() {
 	s.idle.dropAll()
 	s.iosMu.Lock()
 	ids := make([]string, 0, len(s.ios))
@@ -238,7 +231,7 @@ func (s *Server) Shutdown() {
 	}
 }
 
-func (s *Server) now() int64 { return s.nowFunc().UnixNano() }
+func (s *Runtime) now() int64 { return s.nowFunc().UnixNano() }
 
 // verboseInfo is the "info" map verbose Status RPCs answer with: one JSON document, the convention
 // crictl inspect and other runtimes follow.

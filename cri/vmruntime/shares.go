@@ -46,7 +46,7 @@ const (
 // canShare says whether the container's VM can take a virtio-fs share: a virtiofsd is
 // configured, cocoon has vm fs attach, the VM is cloud-hypervisor's with shared memory, and its
 // guest (not Windows) can be told to mount it.
-func (s *Server) canShare(ctx context.Context, c *store.Container) bool {
+func (s *Runtime) canShare(ctx context.Context, c *store.Container) bool {
 	if s.cfg.Virtiofsd == "" || !c.VM.SharedMemory || c.VM.Windows || c.VM.Backend == cocoon.HypervisorFirecracker {
 		return false
 	}
@@ -56,7 +56,7 @@ func (s *Server) canShare(ctx context.Context, c *store.Container) bool {
 
 // wantsSharedMemory says whether a VM cocoon-cri creates (not a clone, which has its snapshot's
 // memory) should share its RAM, so that it can take the container's volumes as a share.
-func (s *Server) wantsSharedMemory(ctx context.Context, c *store.Container) bool {
+func (s *Runtime) wantsSharedMemory(ctx context.Context, c *store.Container) bool {
 	if s.cfg.Virtiofsd == "" || c.VM.Windows || c.VM.Backend == cocoon.HypervisorFirecracker || len(c.Config.Msg.GetMounts()) == 0 {
 		return false
 	}
@@ -81,7 +81,7 @@ func splitShared(copies []*volumeCopy) (shared, copied []*volumeCopy) {
 // shareVolumes makes the container's share of volumes, attaches it to the VM and mounts it in the
 // guest. After a restart of cocoon-cri a share still served is only mounted again (idempotently).
 // On failure nothing of the share is left, and the caller copies the volumes instead.
-func (s *Server) shareVolumes(ctx context.Context, sb *store.Sandbox, c *store.Container, shared []*volumeCopy) error {
+func (s *Runtime) shareVolumes(ctx context.Context, sb *store.Sandbox, c *store.Container, shared []*volumeCopy) error {
 	share, err := s.attachShare(ctx, sb, c, shared)
 	if err != nil {
 		return err
@@ -104,7 +104,7 @@ func (s *Server) shareVolumes(ctx context.Context, sb *store.Sandbox, c *store.C
 // attachShare makes the share on the node and attaches it to the VM, under the sandbox lock: a
 // stop that comes meanwhile finds the share recorded and takes it down. A share that is already
 // served (cocoon-cri restarted) is kept.
-func (s *Server) attachShare(ctx context.Context, sb *store.Sandbox, c *store.Container, shared []*volumeCopy) (store.Share, error) {
+func (s *Runtime) attachShare(ctx context.Context, sb *store.Sandbox, c *store.Container, shared []*volumeCopy) (store.Share, error) {
 	unlock := s.locks.Lock(sb.ID)
 	defer unlock()
 	cur, err := s.store.Containers.Get(c.ID)
@@ -160,7 +160,7 @@ func (s *Server) attachShare(ctx context.Context, sb *store.Sandbox, c *store.Co
 	return share, nil
 }
 
-func (s *Server) recordShare(id string, share store.Share) error {
+func (s *Runtime) recordShare(id string, share store.Share) error {
 	_, err := s.store.Containers.Modify(id, func(r *store.Container) error { r.VM.Share = share; return nil })
 	if err != nil {
 		return fmt.Errorf("record the volumes' share: %w", err)
@@ -197,7 +197,7 @@ func bindVolumes(dir string, shared []*volumeCopy) (int, error) {
 
 // startVirtiofsd starts the share's virtiofsd in a session of its own, so that it outlives
 // cocoon-cri, and waits for its socket.
-func (s *Server) startVirtiofsd(ctx context.Context, share store.Share) (int, uint64, error) {
+func (s *Runtime) startVirtiofsd(ctx context.Context, share store.Share) (int, uint64, error) {
 	_ = os.Remove(share.Socket) // a stale socket of a virtiofsd that ended
 	cmd := exec.Command(s.cfg.Virtiofsd, "--socket-path="+share.Socket, "-o", "source="+share.Dir, "-o", "cache=none")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -225,13 +225,18 @@ func (s *Server) startVirtiofsd(ctx context.Context, share store.Share) (int, ui
 	}
 }
 
+// virtiofsd is the identity of the share's virtiofsd process.
+func virtiofsd(share store.Share) vmstats.ProcessIdentity {
+	return vmstats.ProcessIdentity{PID: share.PID, Start: share.PIDStart}
+}
+
 // virtiofsdAlive says whether the share's virtiofsd still runs.
 func virtiofsdAlive(share store.Share) bool {
-	return share.PID > 0 && vmAlive(share.PID, store.VM{PID: share.PID, PIDStart: share.PIDStart})
+	return share.PID > 0 && virtiofsd(share).Alive(procRoot)
 }
 
 // releaseShare takes down an ended container's share, if it has one, and forgets it.
-func (s *Server) releaseShare(c *store.Container) error {
+func (s *Runtime) releaseShare(c *store.Container) error {
 	if c.VM.Share.Dir == "" {
 		return nil
 	}
@@ -242,7 +247,7 @@ func (s *Server) releaseShare(c *store.Container) error {
 }
 
 // dropShare takes down a share the guest could not use, under the sandbox lock.
-func (s *Server) dropShare(ctx context.Context, sb *store.Sandbox, id string) {
+func (s *Runtime) dropShare(ctx context.Context, sb *store.Sandbox, id string) {
 	unlock := s.locks.Lock(sb.ID)
 	defer unlock()
 	c, err := s.store.Containers.Get(id)
@@ -262,9 +267,9 @@ func (s *Server) dropShare(ctx context.Context, sb *store.Sandbox, id string) {
 // takeDownShare ends the share's virtiofsd and undoes its binds. A bind that cannot be undone
 // keeps its directory, and the share's: only empty directories are removed, so no volume's files
 // are ever touched.
-func (s *Server) takeDownShare(share store.Share) error {
+func (s *Runtime) takeDownShare(share store.Share) error {
 	if virtiofsdAlive(share) {
-		stopProcess(share.PID, store.VM{PID: share.PID, PIDStart: share.PIDStart})
+		stopProcess(virtiofsd(share))
 	}
 	var errs []error
 	for i := range share.Volumes {
@@ -290,12 +295,12 @@ func (s *Server) takeDownShare(share store.Share) error {
 }
 
 // stopProcess asks a process to end, and kills it if it has not within virtiofsdStop.
-func stopProcess(pid int, rec store.VM) {
-	_ = unix.Kill(pid, unix.SIGTERM)
+func stopProcess(p vmstats.ProcessIdentity) {
+	_ = unix.Kill(p.PID, unix.SIGTERM)
 	ctx, cancel := context.WithTimeout(context.Background(), virtiofsdStop)
 	defer cancel()
-	if waitVMGone(ctx, pid, rec) != nil && vmAlive(pid, rec) {
-		_ = unix.Kill(pid, unix.SIGKILL)
+	if waitVMGone(ctx, p) != nil && p.Alive(procRoot) {
+		_ = unix.Kill(p.PID, unix.SIGKILL)
 	}
 }
 

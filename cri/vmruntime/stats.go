@@ -23,7 +23,7 @@ import (
 // container without a task; its writable disk is still reported while cocoon keeps it.
 
 // ContainerStats answers for one container.
-func (s *Server) ContainerStats(_ context.Context, req *runtimeapi.ContainerStatsRequest) (*runtimeapi.ContainerStatsResponse, error) {
+func (s *Runtime) ContainerStats(_ context.Context, req *runtimeapi.ContainerStatsRequest) (*runtimeapi.ContainerStatsResponse, error) {
 	c, err := s.findContainer(req.GetContainerId())
 	if err != nil {
 		return nil, err
@@ -32,16 +32,16 @@ func (s *Server) ContainerStats(_ context.Context, req *runtimeapi.ContainerStat
 }
 
 // ListContainerStats answers for every container the filter selects. ID filters accept prefixes.
-func (s *Server) ListContainerStats(_ context.Context, req *runtimeapi.ListContainerStatsRequest) (*runtimeapi.ListContainerStatsResponse, error) {
+func (s *Runtime) ListContainerStats(_ context.Context, req *runtimeapi.ListContainerStatsRequest) (*runtimeapi.ListContainerStatsResponse, error) {
 	return &runtimeapi.ListContainerStatsResponse{Stats: s.listContainerStats(req.GetFilter())}, nil
 }
 
 // StreamContainerStats sends the same list as ListContainerStats, in one message.
-func (s *Server) StreamContainerStats(req *runtimeapi.StreamContainerStatsRequest, stream runtimeapi.RuntimeService_StreamContainerStatsServer) error {
+func (s *Runtime) StreamContainerStats(req *runtimeapi.StreamContainerStatsRequest, stream runtimeapi.RuntimeService_StreamContainerStatsServer) error {
 	return stream.Send(&runtimeapi.StreamContainerStatsResponse{ContainerStats: s.listContainerStats(req.GetFilter())})
 }
 
-func (s *Server) listContainerStats(f *runtimeapi.ContainerStatsFilter) []*runtimeapi.ContainerStats {
+func (s *Runtime) listContainerStats(f *runtimeapi.ContainerStatsFilter) []*runtimeapi.ContainerStats {
 	records := s.store.Containers.List(func(c *store.Container) bool {
 		if f.GetId() != "" && !strings.HasPrefix(c.ID, f.GetId()) {
 			return false
@@ -59,7 +59,7 @@ func (s *Server) listContainerStats(f *runtimeapi.ContainerStatsFilter) []*runti
 }
 
 // PodSandboxStats answers for one sandbox.
-func (s *Server) PodSandboxStats(_ context.Context, req *runtimeapi.PodSandboxStatsRequest) (*runtimeapi.PodSandboxStatsResponse, error) {
+func (s *Runtime) PodSandboxStats(_ context.Context, req *runtimeapi.PodSandboxStatsRequest) (*runtimeapi.PodSandboxStatsResponse, error) {
 	sb, err := s.visibleSandbox(req.GetPodSandboxId())
 	if err != nil {
 		return nil, err
@@ -69,16 +69,16 @@ func (s *Server) PodSandboxStats(_ context.Context, req *runtimeapi.PodSandboxSt
 
 // ListPodSandboxStats answers for the ready sandboxes the filter selects (containerd leaves out
 // the others too: a stopped pod uses nothing). The ID filter accepts a prefix.
-func (s *Server) ListPodSandboxStats(_ context.Context, req *runtimeapi.ListPodSandboxStatsRequest) (*runtimeapi.ListPodSandboxStatsResponse, error) {
+func (s *Runtime) ListPodSandboxStats(_ context.Context, req *runtimeapi.ListPodSandboxStatsRequest) (*runtimeapi.ListPodSandboxStatsResponse, error) {
 	return &runtimeapi.ListPodSandboxStatsResponse{Stats: s.listSandboxStats(req.GetFilter())}, nil
 }
 
 // StreamPodSandboxStats sends the same list as ListPodSandboxStats, in one message.
-func (s *Server) StreamPodSandboxStats(req *runtimeapi.StreamPodSandboxStatsRequest, stream runtimeapi.RuntimeService_StreamPodSandboxStatsServer) error {
+func (s *Runtime) StreamPodSandboxStats(req *runtimeapi.StreamPodSandboxStatsRequest, stream runtimeapi.RuntimeService_StreamPodSandboxStatsServer) error {
 	return stream.Send(&runtimeapi.StreamPodSandboxStatsResponse{PodSandboxStats: s.listSandboxStats(req.GetFilter())})
 }
 
-func (s *Server) listSandboxStats(f *runtimeapi.PodSandboxStatsFilter) []*runtimeapi.PodSandboxStats {
+func (s *Runtime) listSandboxStats(f *runtimeapi.PodSandboxStatsFilter) []*runtimeapi.PodSandboxStats {
 	records := s.store.Sandboxes.List(func(sb *store.Sandbox) bool {
 		if sb.State != store.SandboxReady {
 			return false
@@ -117,7 +117,7 @@ func inParallel(n int, fn func(i int)) {
 // sandboxStats adds up the sandbox's containers (at most one VM runs) and reads the pod
 // interface. Cumulative CPU is the running VM's: a restarted container's VM starts from zero, as
 // a restarted container's cgroup does.
-func (s *Server) sandboxStats(sb *store.Sandbox, containers []*store.Container) *runtimeapi.PodSandboxStats {
+func (s *Runtime) sandboxStats(sb *store.Sandbox, containers []*store.Container) *runtimeapi.PodSandboxStats {
 	now := s.now()
 	cfg := sb.Config.Msg
 	linux := &runtimeapi.LinuxPodSandboxStats{
@@ -160,7 +160,7 @@ type containerSample struct {
 	proc  *vmstats.Process
 }
 
-func (s *Server) sampleContainer(c *store.Container, now int64) containerSample {
+func (s *Runtime) sampleContainer(c *store.Container, now int64) containerSample {
 	cfg := c.Config.Msg
 	st := &runtimeapi.ContainerStats{
 		Attributes: &runtimeapi.ContainerAttributes{
@@ -193,7 +193,7 @@ func (s *Server) sampleContainer(c *store.Container, now int64) containerSample 
 
 // hypervisor samples a running container's hypervisor; nil when the container does not run, or
 // its process is gone (the VM watcher records that) or is another process that reused the PID.
-func (s *Server) hypervisor(c *store.Container) *vmstats.Process {
+func (s *Runtime) hypervisor(c *store.Container) *vmstats.Process {
 	if c.State != store.ContainerRunning || c.VM.PID <= 0 {
 		return nil
 	}
@@ -216,7 +216,7 @@ func (s *Server) hypervisor(c *store.Container) *vmstats.Process {
 // writableLayer is the VM's writable disk, as cocoon reported it at start: the blocks it has
 // allocated, on the filesystem of cocoon's run dir (the container filesystem ImageFsInfo
 // reports). It is there from the VM's start to its removal, so stopped containers count too.
-func (s *Server) writableLayer(c *store.Container, now int64) *runtimeapi.FilesystemUsage {
+func (s *Runtime) writableLayer(c *store.Container, now int64) *runtimeapi.FilesystemUsage {
 	var used, inodes uint64
 	if path := c.VM.COWPath; path != "" {
 		b, err := vmstats.AllocatedBytes(path)
@@ -238,7 +238,7 @@ func (s *Server) writableLayer(c *store.Container, now int64) *runtimeapi.Filesy
 // podNetwork reads the pod interface: in the namespace of the running container's hypervisor,
 // which holds it, or, while no VM runs, where the network finds it (the pod's namespace, or a
 // stopped VM's). Nil when none has it (the sandbox was detached from the network).
-func (s *Server) podNetwork(sb *store.Sandbox, running *store.Container, now int64) *runtimeapi.NetworkUsage {
+func (s *Runtime) podNetwork(sb *store.Sandbox, running *store.Container, now int64) *runtimeapi.NetworkUsage {
 	var iface vmstats.Interface
 	found := false
 	if running != nil {
@@ -270,7 +270,7 @@ func (s *Server) podNetwork(sb *store.Sandbox, running *store.Container, now int
 
 // forgetRemovedContainers drops the CPU samples and closes the /proc files of containers that no
 // longer exist.
-func (s *Server) forgetRemovedContainers() {
+func (s *Runtime) forgetRemovedContainers() {
 	s.cpuRate.Forget(s.store.Containers.Has)
 	s.samplers.Forget(s.store.Containers.Has)
 }

@@ -20,7 +20,7 @@ import (
 )
 
 // statsServer is a server over a fresh store, enough for the stats RPCs (which never call cocoon).
-func statsServer(t testing.TB) (*Server, string) {
+func statsServer(t testing.TB) (*Runtime, string) {
 	t.Helper()
 	dir := t.TempDir()
 	st := storetest.Open(t)
@@ -49,7 +49,7 @@ func hypervisorStandIn(t *testing.T) (pid int, start uint64) {
 	return cmd.Process.Pid, start
 }
 
-func addSandbox(t *testing.T, s *Server, id string, state store.SandboxState) {
+func addSandbox(t *testing.T, s *Runtime, id string, state store.SandboxState) {
 	t.Helper()
 	cfg := &runtimeapi.PodSandboxConfig{
 		Metadata: &runtimeapi.PodSandboxMetadata{Name: id, Namespace: "ns", Uid: id},
@@ -60,7 +60,7 @@ func addSandbox(t *testing.T, s *Server, id string, state store.SandboxState) {
 	}
 }
 
-func addContainer(t *testing.T, s *Server, c *store.Container) {
+func addContainer(t *testing.T, s *Runtime, c *store.Container) {
 	t.Helper()
 	c.Name = c.ID
 	c.Config = store.Proto[*runtimeapi.ContainerConfig]{Msg: &runtimeapi.ContainerConfig{

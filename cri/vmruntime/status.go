@@ -23,7 +23,7 @@ const networkProbeInterval = 2 * time.Second
 
 // Status reports RuntimeReady (cocoon answers, and is recent enough) and NetworkReady, and the
 // handlers served.
-func (s *Server) Status(ctx context.Context, req *runtimeapi.StatusRequest) (*runtimeapi.StatusResponse, error) {
+func (s *Runtime) Status(ctx context.Context, req *runtimeapi.StatusRequest) (*runtimeapi.StatusResponse, error) {
 	probe := s.health.Get(ctx)
 	runtimeReady := &runtimeapi.RuntimeCondition{Type: runtimeapi.RuntimeReady, Status: true}
 	if probe.Err != nil {

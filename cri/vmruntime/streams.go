@@ -22,7 +22,7 @@ import (
 
 // ServeStreams starts the server the kubelet's exec, attach and port-forward streams go to, on
 // addr (host:port; port 0 picks a free one). The caller runs and closes it.
-func (s *Server) ServeStreams(addr string) (*streaming.Server, error) {
+func (s *Runtime) ServeStreams(addr string) (*streaming.Server, error) {
 	srv, err := streaming.NewServer(addr, streamRuntime{s})
 	if err != nil {
 		return nil, err
@@ -37,7 +37,7 @@ const maxExecSyncOutput = 7 << 20
 
 // ExecSync runs a command in the guest and returns its output and exit code. Past its timeout the
 // command is killed and the RPC fails.
-func (s *Server) ExecSync(ctx context.Context, req *runtimeapi.ExecSyncRequest) (*runtimeapi.ExecSyncResponse, error) {
+func (s *Runtime) ExecSync(ctx context.Context, req *runtimeapi.ExecSyncRequest) (*runtimeapi.ExecSyncResponse, error) {
 	if len(req.GetCmd()) == 0 {
 		return nil, invalid("cmd is required")
 	}
@@ -79,7 +79,7 @@ func (s *Server) ExecSync(ctx context.Context, req *runtimeapi.ExecSyncRequest) 
 }
 
 // Exec hands out the URL of an exec stream.
-func (s *Server) Exec(ctx context.Context, req *runtimeapi.ExecRequest) (*runtimeapi.ExecResponse, error) {
+func (s *Runtime) Exec(ctx context.Context, req *runtimeapi.ExecRequest) (*runtimeapi.ExecResponse, error) {
 	if len(req.GetCmd()) == 0 {
 		return nil, invalid("cmd is required")
 	}
@@ -101,7 +101,7 @@ func (s *Server) Exec(ctx context.Context, req *runtimeapi.ExecRequest) (*runtim
 
 // Attach hands out the URL of an attach stream: the main process's streams, or the VM's console
 // for a container whose VM's init is the workload.
-func (s *Server) Attach(_ context.Context, req *runtimeapi.AttachRequest) (*runtimeapi.AttachResponse, error) {
+func (s *Runtime) Attach(_ context.Context, req *runtimeapi.AttachRequest) (*runtimeapi.AttachResponse, error) {
 	if err := checkStreams(req.GetStdin(), req.GetStdout(), req.GetStderr(), req.GetTty()); err != nil {
 		return nil, err
 	}
@@ -113,7 +113,7 @@ func (s *Server) Attach(_ context.Context, req *runtimeapi.AttachRequest) (*runt
 }
 
 // PortForward hands out the URL of a port-forward stream to the pod IP.
-func (s *Server) PortForward(_ context.Context, req *runtimeapi.PortForwardRequest) (*runtimeapi.PortForwardResponse, error) {
+func (s *Runtime) PortForward(_ context.Context, req *runtimeapi.PortForwardRequest) (*runtimeapi.PortForwardResponse, error) {
 	for _, p := range req.GetPort() {
 		if p <= 0 || p > 65535 {
 			return nil, invalid("port %d is out of range", p)
@@ -128,7 +128,7 @@ func (s *Server) PortForward(_ context.Context, req *runtimeapi.PortForwardReque
 
 // ReopenContainerLog starts a new log file at the container's log path, after the kubelet renamed
 // the old one.
-func (s *Server) ReopenContainerLog(_ context.Context, req *runtimeapi.ReopenContainerLogRequest) (*runtimeapi.ReopenContainerLogResponse, error) {
+func (s *Runtime) ReopenContainerLog(_ context.Context, req *runtimeapi.ReopenContainerLogRequest) (*runtimeapi.ReopenContainerLogResponse, error) {
 	_, c, err := s.runningContainer(req.GetContainerId())
 	if err != nil {
 		return nil, err
@@ -157,7 +157,7 @@ func checkStreams(stdin, stdout, stderr, tty bool) error {
 }
 
 // runningContainer looks up a container that runs, and its sandbox.
-func (s *Server) runningContainer(idOrPrefix string) (*store.Sandbox, *store.Container, error) {
+func (s *Runtime) runningContainer(idOrPrefix string) (*store.Sandbox, *store.Container, error) {
 	c, err := s.findContainer(idOrPrefix)
 	if err != nil {
 		return nil, nil, err
@@ -173,7 +173,7 @@ func (s *Server) runningContainer(idOrPrefix string) (*store.Sandbox, *store.Con
 }
 
 // runningContainerOf is the sandbox's running container (a sandbox runs at most one), or nil.
-func (s *Server) runningContainerOf(sandboxIDOrPrefix string) *store.Container {
+func (s *Runtime) runningContainerOf(sandboxIDOrPrefix string) *store.Container {
 	sb, err := s.visibleSandbox(sandboxIDOrPrefix)
 	if err != nil {
 		return nil
@@ -187,7 +187,7 @@ func (s *Server) runningContainerOf(sandboxIDOrPrefix string) *store.Container {
 }
 
 // sandboxAddress is a ready sandbox's pod IP.
-func (s *Server) sandboxAddress(idOrPrefix string) (string, error) {
+func (s *Runtime) sandboxAddress(idOrPrefix string) (string, error) {
 	sb, err := s.visibleSandbox(idOrPrefix)
 	if err != nil {
 		return "", err
@@ -199,7 +199,7 @@ func (s *Server) sandboxAddress(idOrPrefix string) (string, error) {
 }
 
 // streamRuntime serves the streams the stream server accepted.
-type streamRuntime struct{ s *Server }
+type streamRuntime struct{ s *Runtime }
 
 func (r streamRuntime) Exec(ctx context.Context, containerID string, cmd []string, in io.Reader, out, errw io.WriteCloser, tty bool, resize <-chan remotecommand.TerminalSize) error {
 	_, c, err := r.s.runningContainer(containerID)

@@ -15,26 +15,26 @@ const (
 )
 
 // UpdateContainerResources is not served.
-func (s *Server) UpdateContainerResources(context.Context, *runtimeapi.UpdateContainerResourcesRequest) (*runtimeapi.UpdateContainerResourcesResponse, error) {
+func (s *Runtime) UpdateContainerResources(context.Context, *runtimeapi.UpdateContainerResourcesRequest) (*runtimeapi.UpdateContainerResourcesResponse, error) {
 	return nil, unimplemented("UpdateContainerResources", insteadResize)
 }
 
 // UpdatePodSandboxResources is not served.
-func (s *Server) UpdatePodSandboxResources(context.Context, *runtimeapi.UpdatePodSandboxResourcesRequest) (*runtimeapi.UpdatePodSandboxResourcesResponse, error) {
+func (s *Runtime) UpdatePodSandboxResources(context.Context, *runtimeapi.UpdatePodSandboxResourcesRequest) (*runtimeapi.UpdatePodSandboxResourcesResponse, error) {
 	return nil, unimplemented("UpdatePodSandboxResources", insteadResize)
 }
 
 // ListMetricDescriptors is not served.
-func (s *Server) ListMetricDescriptors(context.Context, *runtimeapi.ListMetricDescriptorsRequest) (*runtimeapi.ListMetricDescriptorsResponse, error) {
+func (s *Runtime) ListMetricDescriptors(context.Context, *runtimeapi.ListMetricDescriptorsRequest) (*runtimeapi.ListMetricDescriptorsResponse, error) {
 	return nil, unimplemented("ListMetricDescriptors", insteadMetrics)
 }
 
 // ListPodSandboxMetrics is not served.
-func (s *Server) ListPodSandboxMetrics(context.Context, *runtimeapi.ListPodSandboxMetricsRequest) (*runtimeapi.ListPodSandboxMetricsResponse, error) {
+func (s *Runtime) ListPodSandboxMetrics(context.Context, *runtimeapi.ListPodSandboxMetricsRequest) (*runtimeapi.ListPodSandboxMetricsResponse, error) {
 	return nil, unimplemented("ListPodSandboxMetrics", insteadMetrics)
 }
 
 // StreamPodSandboxMetrics is not served.
-func (s *Server) StreamPodSandboxMetrics(*runtimeapi.StreamPodSandboxMetricsRequest, runtimeapi.RuntimeService_StreamPodSandboxMetricsServer) error {
+func (s *Runtime) StreamPodSandboxMetrics(*runtimeapi.StreamPodSandboxMetricsRequest, runtimeapi.RuntimeService_StreamPodSandboxMetricsServer) error {
 	return unimplemented("StreamPodSandboxMetrics", insteadMetrics)
 }

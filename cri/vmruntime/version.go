@@ -7,7 +7,7 @@ import (
 )
 
 // Version reports the CRI version the kubelet checks ("0.1.0") and cocoon-cri's own version.
-func (s *Server) Version(context.Context, *runtimeapi.VersionRequest) (*runtimeapi.VersionResponse, error) {
+func (s *Runtime) Version(context.Context, *runtimeapi.VersionRequest) (*runtimeapi.VersionResponse, error) {
 	return &runtimeapi.VersionResponse{
 		Version:           KubeletAPIVersion,
 		RuntimeName:       RuntimeName,

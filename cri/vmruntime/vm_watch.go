@@ -35,7 +35,7 @@ const (
 // WatchVMs follows cocoon's VM events until ctx ends, restarting the stream with backoff when it
 // stops, and sweeps running containers periodically. A VM that stops, crashes or disappears turns
 // its container EXITED.
-func (s *Server) WatchVMs(ctx context.Context) {
+func (s *Runtime) WatchVMs(ctx context.Context) {
 	go s.sweepLoop(ctx)
 	backoff := watchBackoffMin
 	for {
@@ -62,7 +62,7 @@ func (s *Server) WatchVMs(ctx context.Context) {
 
 // onVMEvent looks at an event without waiting for any lock: the stream must keep flowing while a
 // lifecycle RPC holds a sandbox.
-func (s *Server) onVMEvent(ctx context.Context, ev cocoon.VMEvent) {
+func (s *Runtime) onVMEvent(ctx context.Context, ev cocoon.VMEvent) {
 	if ev.Event != cocoon.VMDeleted && !vmEnded(ev.VM.State) {
 		return
 	}
@@ -71,7 +71,7 @@ func (s *Server) onVMEvent(ctx context.Context, ev cocoon.VMEvent) {
 	}
 }
 
-func (s *Server) sweepLoop(ctx context.Context) {
+func (s *Runtime) sweepLoop(ctx context.Context) {
 	t := time.NewTicker(vmSweepInterval)
 	defer t.Stop()
 	for {
@@ -86,7 +86,7 @@ func (s *Server) sweepLoop(ctx context.Context) {
 
 // sweep checks every running container against cocoon's VM list: one cocoon call, whatever the
 // number of pods.
-func (s *Server) sweep(ctx context.Context) {
+func (s *Runtime) sweep(ctx context.Context) {
 	if len(s.store.Containers.List(awakeRunning)) == 0 {
 		return
 	}
@@ -101,7 +101,7 @@ func (s *Server) sweep(ctx context.Context) {
 // checkRunning records exited the running containers whose VM no longer runs according to vms (a
 // vm list). vm list shows a dead hypervisor as running, so its PID is checked here; a suspect is
 // confirmed with vm inspect before anything is recorded.
-func (s *Server) checkRunning(ctx context.Context, vms []cocoon.VM) {
+func (s *Runtime) checkRunning(ctx context.Context, vms []cocoon.VM) {
 	byID := make(map[string]cocoon.VM, len(vms))
 	for _, vm := range vms {
 		byID[vm.ID] = vm
@@ -112,7 +112,7 @@ func (s *Server) checkRunning(ctx context.Context, vms []cocoon.VM) {
 	g.SetLimit(checkConcurrency)
 	for _, c := range s.store.Containers.List(awakeRunning) {
 		vm, ok := byID[c.VM.ID]
-		if ok && vm.State == cocoon.VMStateRunning && vmAlive(vm.PID, c.VM) {
+		if ok && vm.State == cocoon.VMStateRunning && hypervisor(vm.PID, c.VM).Alive(procRoot) {
 			continue
 		}
 		g.Go(func() error {
@@ -133,7 +133,7 @@ const staleSettle = 3 * time.Second
 
 // checkVMEnded asks cocoon about a running container's VM and, if it is no longer running,
 // records the container's end. A stale VM is looked at again after staleSettle.
-func (s *Server) checkVMEnded(ctx context.Context, sandboxID, containerID, vmID string) {
+func (s *Runtime) checkVMEnded(ctx context.Context, sandboxID, containerID, vmID string) {
 	if !s.checkVMEndedOnce(ctx, sandboxID, containerID, vmID, false) {
 		return
 	}
@@ -146,7 +146,7 @@ func (s *Server) checkVMEnded(ctx context.Context, sandboxID, containerID, vmID 
 
 // checkVMEndedOnce is one look, under the sandbox lock so a stop or removal in flight is seen
 // through (their own exit status stands). It reports a stale VM it left for a second look.
-func (s *Server) checkVMEndedOnce(ctx context.Context, sandboxID, containerID, vmID string, settled bool) (again bool) {
+func (s *Runtime) checkVMEndedOnce(ctx context.Context, sandboxID, containerID, vmID string, settled bool) (again bool) {
 	unlock := s.locks.Lock(sandboxID)
 	defer unlock()
 	c, err := s.store.Containers.Get(containerID)
@@ -161,7 +161,7 @@ func (s *Server) checkVMEndedOnce(ctx context.Context, sandboxID, containerID, v
 	// cocoon's liveness check is kill(pid, 0), which a hypervisor nobody reaped passes: it keeps
 	// calling such a VM running (docs/cocoon-contract.md section 7).
 	// Nor can it tell its hypervisor from a later process given the same PID.
-	deadButRunning := err == nil && vm.State == cocoon.VMStateRunning && !vmAlive(vm.PID, c.VM)
+	deadButRunning := err == nil && vm.State == cocoon.VMStateRunning && !hypervisor(vm.PID, c.VM).Alive(procRoot)
 	var st exitStatus
 	switch {
 	case deadButRunning && !settled:
@@ -212,24 +212,22 @@ func vmEnded(st cocoon.VMState) bool {
 	return st == cocoon.VMStateStopped || st == cocoon.VMStateStale || st == cocoon.VMStateError
 }
 
-func (s *Server) runningContainersOf(vmID string) []*store.Container {
+func (s *Runtime) runningContainersOf(vmID string) []*store.Container {
 	return s.store.Containers.List(func(c *store.Container) bool {
 		return awakeRunning(c) && c.VM.ID == vmID
 	})
 }
 
-// vmAlive reports whether the hypervisor cocoon names by pid runs. When that is the process the
-// container's start recorded, it must be that very process, told by its start time: a PID is
-// reused once its process is gone, and cocoon's own check (kill(pid, 0)) cannot tell.
-func vmAlive(pid int, rec store.VM) bool {
-	if !vmstats.Running(procRoot, pid) {
-		return false
+// hypervisor is the identity of the VM's hypervisor, which cocoon reports at pid. While that is the
+// PID the container's start recorded, it must be that very process, told by its start time: a PID
+// is reused once its process is gone, and cocoon's own check (kill(pid, 0)) cannot tell. A
+// hypervisor cocoon started anew has another PID, and no recorded start.
+func hypervisor(pid int, rec store.VM) vmstats.ProcessIdentity {
+	p := vmstats.ProcessIdentity{PID: pid}
+	if pid == rec.PID {
+		p.Start = rec.PIDStart
 	}
-	if pid != rec.PID || rec.PIDStart == 0 {
-		return true
-	}
-	start, err := vmstats.StartTicks(procRoot, pid)
-	return err == nil && start == rec.PIDStart
+	return p
 }
 
 // vmGonePoll paces the look for a hypervisor's end where the kernel cannot tell it (no pidfd), and
@@ -239,19 +237,19 @@ const vmGonePoll = 50 * time.Millisecond
 // waitVMGone waits, within ctx, until the VM's hypervisor process has ended (a zombie has). The
 // kernel marks a pidfd readable the moment its process exits, so a guest's power-off is seen at
 // once rather than at the next look. The time is the guest's, not cocoon-cri's (pkg/waittime).
-func waitVMGone(ctx context.Context, pid int, rec store.VM) error {
+func waitVMGone(ctx context.Context, p vmstats.ProcessIdentity) error {
 	defer waittime.Begin(ctx)()
-	if !vmAlive(pid, rec) {
+	if !p.Alive(procRoot) {
 		return nil
 	}
-	fd, err := unix.PidfdOpen(pid, 0)
+	fd, err := unix.PidfdOpen(p.PID, 0)
 	if err != nil {
-		return pollVMGone(ctx, pid, rec)
+		return pollVMGone(ctx, p)
 	}
 	defer unix.Close(fd) //nolint:errcheck
 	// Checked again now that the pidfd holds the process: the PID may have been reused before the
 	// open, and then the pidfd names another process.
-	if !vmAlive(pid, rec) {
+	if !p.Alive(procRoot) {
 		return nil
 	}
 	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
@@ -261,7 +259,7 @@ func waitVMGone(ctx context.Context, pid int, rec store.VM) error {
 		case n > 0:
 			return nil
 		case err != nil && !errors.Is(err, unix.EINTR):
-			return pollVMGone(ctx, pid, rec)
+			return pollVMGone(ctx, p)
 		case ctx.Err() != nil:
 			return ctx.Err()
 		}
@@ -269,8 +267,8 @@ func waitVMGone(ctx context.Context, pid int, rec store.VM) error {
 }
 
 // pollVMGone is waitVMGone by looking at /proc every vmGonePoll.
-func pollVMGone(ctx context.Context, pid int, rec store.VM) error {
-	for vmAlive(pid, rec) {
+func pollVMGone(ctx context.Context, p vmstats.ProcessIdentity) error {
+	for p.Alive(procRoot) {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()

@@ -15,23 +15,23 @@ import (
 
 // A hypervisor is recognised by its PID and start time: a live process that holds the recorded
 // PID but started at another time (the PID was reused) is not the container's VM.
-func TestVMAliveTellsAReusedPID(t *testing.T) {
+func TestHypervisorAliveTellsAReusedPID(t *testing.T) {
 	pid := os.Getpid()
 	start, err := vmstats.StartTicks(procRoot, pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !vmAlive(pid, store.VM{PID: pid, PIDStart: start}) {
+	if !hypervisor(pid, store.VM{PID: pid, PIDStart: start}).Alive(procRoot) {
 		t.Fatal("the recorded process itself is not alive")
 	}
-	if vmAlive(pid, store.VM{PID: pid, PIDStart: start + 1}) {
+	if hypervisor(pid, store.VM{PID: pid, PIDStart: start + 1}).Alive(procRoot) {
 		t.Fatal("a process that reuses the recorded PID is taken for the VM")
 	}
-	if !vmAlive(pid, store.VM{PID: pid}) {
+	if !hypervisor(pid, store.VM{PID: pid}).Alive(procRoot) {
 		t.Fatal("a record without a start time (an older record) makes a live VM dead")
 	}
 	// PID 1 stands for a live process cocoon started anew.
-	if !vmAlive(1, store.VM{PID: pid, PIDStart: start + 1}) {
+	if !hypervisor(1, store.VM{PID: pid, PIDStart: start + 1}).Alive(procRoot) {
 		t.Fatal("a hypervisor cocoon started anew (another PID) is judged by the old one's start time")
 	}
 }
@@ -49,25 +49,25 @@ func TestWaitVMGone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec := store.VM{PID: pid, PIDStart: start}
+	rec := hypervisor(pid, store.VM{PID: pid, PIDStart: start})
 
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if err := waitVMGone(ctx, pid, rec); !errors.Is(err, context.Canceled) {
+	if err := waitVMGone(ctx, rec); !errors.Is(err, context.Canceled) {
 		t.Fatalf("a running hypervisor, the wait cancelled: %v, want the context's error", err)
 	}
-	if err := waitVMGone(context.Background(), pid, store.VM{PID: pid, PIDStart: start + 1}); err != nil {
+	if err := waitVMGone(context.Background(), hypervisor(pid, store.VM{PID: pid, PIDStart: start + 1})); err != nil {
 		t.Fatalf("a PID reused by another process: %v, want the VM gone", err)
 	}
 
 	short, cancelShort := context.WithTimeout(context.Background(), 3*vmGonePoll)
 	defer cancelShort()
-	if err := waitVMGone(short, pid, rec); !errors.Is(err, context.DeadlineExceeded) {
+	if err := waitVMGone(short, rec); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("a running hypervisor: %v, want the wait to last until its deadline", err)
 	}
 
 	done := make(chan error, 1)
-	go func() { done <- waitVMGone(context.Background(), pid, rec) }()
+	go func() { done <- waitVMGone(context.Background(), rec) }()
 	// Killed and left a zombie (not reaped): gone.
 	if err := cmd.Process.Signal(unix.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -75,7 +75,7 @@ func TestWaitVMGone(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("the hypervisor was killed: %v", err)
 	}
-	if err := waitVMGone(context.Background(), pid, rec); err != nil {
+	if err := waitVMGone(context.Background(), rec); err != nil {
 		t.Fatalf("a zombie hypervisor: %v", err)
 	}
 }

@@ -20,7 +20,7 @@ import (
 // it runs at the snapshot's size, which honours the limits as the ceilings they are; a storage
 // annotation it cannot honour is refused. Memory is raised to cocoon's 512 MiB minimum and vCPUs
 // are capped at the host's cores, which cocoon cannot exceed.
-func (s *Server) planVM(id string, cfg *runtimeapi.ContainerConfig, sb *store.Sandbox, img *store.Image, cloneResizes bool) (store.VM, error) {
+func (s *Runtime) planVM(id string, cfg *runtimeapi.ContainerConfig, sb *store.Sandbox, img *store.Image, cloneResizes bool) (store.VM, error) {
 	md := sb.Config.Msg.GetMetadata()
 	vm := store.VM{
 		Name:       vmName(id, md.GetName(), cfg.GetMetadata().GetName()),
@@ -130,7 +130,7 @@ func quantity(bytes int64) string {
 }
 
 // requestedSize reads vCPUs and memory bytes from the container's resources; 0 means unset.
-func (s *Server) requestedSize(r *runtimeapi.LinuxContainerResources) (cpus int, memory int64) {
+func (s *Runtime) requestedSize(r *runtimeapi.LinuxContainerResources) (cpus int, memory int64) {
 	switch {
 	case r.GetCpuQuota() > 0 && r.GetCpuPeriod() > 0:
 		cpus = int((r.GetCpuQuota() + r.GetCpuPeriod() - 1) / r.GetCpuPeriod())

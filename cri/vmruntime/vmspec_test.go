@@ -14,7 +14,7 @@ import (
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
 )
 
-func testServer() *Server {
+func testServer() *Runtime {
 	return New(Config{HostCPUs: 4, DefaultVCPUs: 1, DefaultMemory: 1 << 30, DefaultStorage: 10 << 30}, nil, nil, CocoonClient(cocoon.New(cocoon.Options{})), nil, nil)
 }
 
@@ -203,18 +203,18 @@ func TestFirecrackerPlans(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if vm.Backend != cocoon.HypervisorFirecracker || vm.CPU != 1 || vm.Memory != 1<<30 || vm.NICs != 0 || vm.OnDemand || vm.StopsAtOnce() {
+	if vm.Backend != cocoon.HypervisorFirecracker || vm.CPU != 1 || vm.Memory != 1<<30 || vm.NICs != 0 || vm.OnDemand || cocoon.StopsAtOnce(vm.Backend, vm.DirectBoot) {
 		t.Fatalf("clone plan %+v: want the snapshot's size under firecracker, no --nics, not on demand, a graceful stop", vm)
 	}
 	vm, err = s.planVM(id64, container(big), podSandbox(map[string]string{AnnotationBackend: "firecracker"}), ociImage, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if vm.Backend != cocoon.HypervisorFirecracker || vm.Mode != store.VMBoot || vm.CPU != 2 || vm.Memory != 4<<30 || !vm.DirectBoot || vm.StopsAtOnce() {
+	if vm.Backend != cocoon.HypervisorFirecracker || vm.Mode != store.VMBoot || vm.CPU != 2 || vm.Memory != 4<<30 || !vm.DirectBoot || cocoon.StopsAtOnce(vm.Backend, vm.DirectBoot) {
 		t.Fatalf("boot plan %+v", vm)
 	}
 	vm, err = s.planVM(id64, container(nil), podSandbox(nil), ociImage, false)
-	if err != nil || vm.Backend != cocoon.HypervisorCloudHypervisor || !vm.StopsAtOnce() {
+	if err != nil || vm.Backend != cocoon.HypervisorCloudHypervisor || !cocoon.StopsAtOnce(vm.Backend, vm.DirectBoot) {
 		t.Fatalf("a direct boot without the annotation: %+v, %v: want cloud-hypervisor, stopped at once by cocoon", vm, err)
 	}
 }

@@ -68,7 +68,7 @@ func validateMounts(mounts []*runtimeapi.Mount) error {
 // neither a directory nor a file, or more than the bound. Only the files the kubelet gives every
 // container are left out then, and said so: refusing them would refuse every pod. A missing host
 // path is made a directory first, as containerd does.
-func (s *Server) checkVolumesCanReach(ctx context.Context, cfg *runtimeapi.ContainerConfig, vm store.VM) error {
+func (s *Runtime) checkVolumesCanReach(ctx context.Context, cfg *runtimeapi.ContainerConfig, vm store.VM) error {
 	mounts := cfg.GetMounts()
 	if len(mounts) == 0 {
 		return nil
@@ -125,12 +125,12 @@ func kubeletFileMount(cfg *runtimeapi.ContainerConfig, m *runtimeapi.Mount) bool
 // guestTakesCopies reports whether volumes can be copied into the container's guest: a guest
 // that takes commands and has a POSIX shell. A cocoon that cannot be asked now counts as able:
 // the copy then fails, and says why.
-func (s *Server) guestTakesCopies(ctx context.Context, c *store.Container) bool {
+func (s *Runtime) guestTakesCopies(ctx context.Context, c *store.Container) bool {
 	execPath, _, err := s.guestExecPath(ctx, c)
 	return !c.VM.Windows && (err != nil || execPath != ExecPathNone)
 }
 
-func (s *Server) volumeLimits() guestvolume.Limits {
+func (s *Runtime) volumeLimits() guestvolume.Limits {
 	return guestvolume.Limits{MaxBytes: s.cfg.VolumeMaxBytes, MaxEntries: maxVolumeEntries}
 }
 
@@ -182,7 +182,7 @@ func containerVolumes(cfg *runtimeapi.ContainerConfig, takesCopies bool) []*volu
 }
 
 // deliverVolumes copies every volume into the guest and binds it at its container path.
-func (s *Server) deliverVolumes(ctx context.Context, sb *store.Sandbox, c *store.Container, copies []*volumeCopy) error {
+func (s *Runtime) deliverVolumes(ctx context.Context, sb *store.Sandbox, c *store.Container, copies []*volumeCopy) error {
 	for _, vc := range copies {
 		if err := s.syncVolume(ctx, sb, c, vc); err != nil {
 			return fmt.Errorf("volume %s (from %s) did not reach the guest: %w", vc.mount.GetContainerPath(), vc.mount.GetHostPath(), err)
@@ -193,7 +193,7 @@ func (s *Server) deliverVolumes(ctx context.Context, sb *store.Sandbox, c *store
 
 // keepVolumesInStep brings the host's changes to read-only directory volumes into the guest until
 // ctx ends (the container stops, or cocoon-cri does).
-func (s *Server) keepVolumesInStep(ctx context.Context, sb *store.Sandbox, c *store.Container, copies []*volumeCopy, log *slog.Logger) {
+func (s *Runtime) keepVolumesInStep(ctx context.Context, sb *store.Sandbox, c *store.Container, copies []*volumeCopy, log *slog.Logger) {
 	var synced []*volumeCopy
 	for _, vc := range copies {
 		if !vc.guest.Once {
@@ -233,7 +233,7 @@ func (s *Server) keepVolumesInStep(ctx context.Context, sb *store.Sandbox, c *st
 
 // syncVolume brings one copy in step with the host. A guest that lost its copy (it rebooted) gets
 // a full one.
-func (s *Server) syncVolume(ctx context.Context, sb *store.Sandbox, c *store.Container, vc *volumeCopy) error {
+func (s *Runtime) syncVolume(ctx context.Context, sb *store.Sandbox, c *store.Container, vc *volumeCopy) error {
 	source, err := volumeSource(vc.mount.GetHostPath(), false)
 	if err != nil {
 		return err
@@ -268,7 +268,7 @@ func (s *Server) syncVolume(ctx context.Context, sb *store.Sandbox, c *store.Con
 }
 
 // runVolumeUpdate runs the update's script in the guest with its tar stream on stdin.
-func (s *Server) runVolumeUpdate(ctx context.Context, sb *store.Sandbox, c *store.Container, u guestvolume.Update,
+func (s *Runtime) runVolumeUpdate(ctx context.Context, sb *store.Sandbox, c *store.Container, u guestvolume.Update,
 	v guestvolume.Volume, source string, tree guestvolume.Tree) (int, string, error) {
 	pr, pw := io.Pipe()
 	go func() { pw.CloseWithError(u.WriteTar(pw, source, tree)) }()

@@ -106,7 +106,7 @@ func (p *warmPools) info() []WarmPoolInfo {
 }
 
 // RunWarmPools fills the pools until ctx ends: at start, after each claim, and once a poolTick.
-func (s *Server) RunWarmPools(ctx context.Context) {
+func (s *Runtime) RunWarmPools(ctx context.Context) {
 	if len(s.pools.pools) == 0 {
 		return
 	}
@@ -124,7 +124,7 @@ func (s *Server) RunWarmPools(ctx context.Context) {
 }
 
 // fillPools clones what the pools lack, one VM at a time and none while a pod starts.
-func (s *Server) fillPools(ctx context.Context) {
+func (s *Runtime) fillPools(ctx context.Context) {
 	for _, ref := range slices.Sorted(maps.Keys(s.pools.pools)) {
 		for ctx.Err() == nil && s.pools.starts.Load() == 0 {
 			img, spec, ok := s.poolNeedsVM(ctx, ref)
@@ -146,7 +146,7 @@ func (s *Server) fillPools(ctx context.Context) {
 }
 
 // poolNeedsVM says whether ref's pool lacks a VM, and what to clone it from.
-func (s *Server) poolNeedsVM(ctx context.Context, ref string) (*store.Image, store.VM, bool) {
+func (s *Runtime) poolNeedsVM(ctx context.Context, ref string) (*store.Image, store.VM, bool) {
 	img, spec, reason := s.poolSource(ctx, ref)
 	p := s.pools
 	p.mu.Lock()
@@ -170,7 +170,7 @@ func (s *Server) poolNeedsVM(ctx context.Context, ref string) (*store.Image, sto
 
 // poolSource is the image a pool's reference names and the VM a pod of it with no limits and no
 // annotations would get, or why the pool cannot have one.
-func (s *Server) poolSource(ctx context.Context, ref string) (*store.Image, store.VM, string) {
+func (s *Runtime) poolSource(ctx context.Context, ref string) (*store.Image, store.VM, string) {
 	img, err := s.images.Get(ref)
 	if err != nil {
 		return nil, store.VM{}, fmt.Sprintf("image %s is not on the node (%v): pull or import it", ref, err)
@@ -197,7 +197,7 @@ func (s *Server) poolSource(ctx context.Context, ref string) (*store.Image, stor
 
 // fillOne makes one pool VM: recorded first, cloned onto a placeholder network, put into the pool
 // cgroup, and ready once its guest agent has answered (and given it its own machine-id).
-func (s *Server) fillOne(ctx context.Context, ref string, img *store.Image, spec store.VM) error {
+func (s *Runtime) fillOne(ctx context.Context, ref string, img *store.Image, spec store.VM) error {
 	var suffix [6]byte
 	_, _ = rand.Read(suffix[:])
 	spec.Name = poolVMPrefix + hex.EncodeToString(suffix[:])
@@ -223,7 +223,7 @@ func (s *Server) fillOne(ctx context.Context, ref string, img *store.Image, spec
 	return nil
 }
 
-func (s *Server) makePoolVM(ctx context.Context, pv *store.PoolVM) error {
+func (s *Runtime) makePoolVM(ctx context.Context, pv *store.PoolVM) error {
 	netID := poolNetID(pv.Name)
 	if err := s.net.PreparePoolVM(netID); err != nil {
 		return fmt.Errorf("placeholder network: %w", err)
@@ -271,7 +271,7 @@ func (s *Server) makePoolVM(ctx context.Context, pv *store.PoolVM) error {
 // the guest its own machine-id and fresh entropy (every clone of a snapshot wakes with the
 // snapshot's) where this cocoon can, and names the guest's NIC (the one with the placeholder's
 // MAC), so that the hand-over need not search for it.
-func (s *Server) awaitPoolGuest(ctx context.Context, pv *store.PoolVM, mac string) (string, error) {
+func (s *Runtime) awaitPoolGuest(ctx context.Context, pv *store.PoolVM, mac string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.GuestReadyTimeout)
 	defer cancel()
 	caps, err := s.cocoon.Capabilities(ctx)
@@ -320,7 +320,7 @@ var guestNICName = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,15}$`)
 // discardPoolVM removes a pool VM and what it had: the VM (on sb's network where it was handed to
 // that sandbox, so cocoon's CNI DEL gives the pod interface back), its placeholder network, its
 // cgroup and its record. Failures are logged; the next start's reconcile finds what is left.
-func (s *Server) discardPoolVM(ctx context.Context, pv *store.PoolVM, sb *store.Sandbox) {
+func (s *Runtime) discardPoolVM(ctx context.Context, pv *store.PoolVM, sb *store.Sandbox) {
 	log := s.log.With("vm", pv.Name, "image", pv.Ref)
 	cc := s.cocoon.WithNetwork(s.net.CocoonConfDir(poolNetID(pv.Name)), s.net.PluginDir(), nil)
 	if sb != nil {
@@ -349,7 +349,7 @@ func (s *Server) discardPoolVM(ctx context.Context, pv *store.PoolVM, sb *store.
 
 // claimPoolVM takes a ready pool VM for container c if its image has a pool and c's VM would be the
 // same as the pool's; a pooled image without one is a miss, counted. Nil: clone.
-func (s *Server) claimPoolVM(c *store.Container) *store.PoolVM {
+func (s *Runtime) claimPoolVM(c *store.Container) *store.PoolVM {
 	p := s.pools
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -403,7 +403,7 @@ func fitsPoolVM(want, pool store.VM) bool {
 // handOver gives pool VM pv to container c of sandbox sb: recorded as the container's, the pod
 // interface in the placeholder's place, the guest given the pod's address, MAC, hostname and
 // resolvers. The pool's network goes; its cgroup is the caller's to replace.
-func (s *Server) handOver(ctx context.Context, sb *store.Sandbox, c *store.Container, pv *store.PoolVM) (launched, error) {
+func (s *Runtime) handOver(ctx context.Context, sb *store.Sandbox, c *store.Container, pv *store.PoolVM) (launched, error) {
 	l := launchedOf(pv.Spec)
 	began := time.Now()
 	taken, err := s.store.Containers.Modify(c.ID, func(r *store.Container) error {
@@ -448,7 +448,7 @@ func (s *Server) handOver(ctx context.Context, sb *store.Sandbox, c *store.Conta
 
 // takePoolVM runs a pool VM for c where one fits: on a failed hand-over the VM is removed, never
 // reused, and the container's record is as before, for a clone.
-func (s *Server) takePoolVM(ctx context.Context, sb *store.Sandbox, c *store.Container) (launched, *store.PoolVM, bool) {
+func (s *Runtime) takePoolVM(ctx context.Context, sb *store.Sandbox, c *store.Container) (launched, *store.PoolVM, bool) {
 	pv := s.claimPoolVM(c)
 	if pv == nil {
 		return launched{}, nil, false
@@ -477,7 +477,7 @@ func (s *Server) takePoolVM(ctx context.Context, sb *store.Sandbox, c *store.Con
 }
 
 // reportPoolReady tells the metrics how many VMs ref's pool has ready.
-func (s *Server) reportPoolReady(ref string) {
+func (s *Runtime) reportPoolReady(ref string) {
 	if s.cfg.Metrics == nil {
 		return
 	}
@@ -490,7 +490,7 @@ func (s *Server) reportPoolReady(ref string) {
 // drainPools removes the pool VMs of an image whose pool's reference no longer names it (after a
 // RemoveImage): such a pool fills again once the reference names an image. It reports whether any
 // went.
-func (s *Server) drainPools(ctx context.Context, imageID string) bool {
+func (s *Runtime) drainPools(ctx context.Context, imageID string) bool {
 	var refs []string
 	s.pools.mu.Lock()
 	for ref, wp := range s.pools.pools {
@@ -525,7 +525,7 @@ func (s *Server) drainPools(ctx context.Context, imageID string) bool {
 // short is undone (the pool VM removed, the container cloned at its next start); pool VMs whose
 // pool is still configured, for the same image, and which run are adopted up to the pool's size;
 // every other pool VM is removed, with its network.
-func (s *Server) recoverPools(ctx context.Context, vms []cocoon.VM) {
+func (s *Runtime) recoverPools(ctx context.Context, vms []cocoon.VM) {
 	running := map[string]bool{}
 	for _, vm := range vms {
 		running[vm.Config.Name] = vm.State == cocoon.VMStateRunning
@@ -577,7 +577,7 @@ func (s *Server) recoverPools(ctx context.Context, vms []cocoon.VM) {
 }
 
 // poolNetworks are the network IDs of the pool VMs on record, which the leftover sweep keeps.
-func (s *Server) poolNetworks() []string {
+func (s *Runtime) poolNetworks() []string {
 	var ids []string
 	for _, pv := range s.store.PoolVMs.List(nil) {
 		ids = append(ids, poolNetID(pv.Name))

@@ -246,3 +246,11 @@ func (c *Client) VMRestore(ctx context.Context, vm, snapshot string) error {
 	_, err = c.run(ctx, call{args: append(args, vm, snapshot), timeout: transferTimeout, long: true})
 	return err
 }
+
+// StopsAtOnce says that vm stop ends a VM at once, whatever the timeout: cocoon presses no power
+// button for a direct-boot guest (an OCI VM image) under cloud-hypervisor, so a graceful stop must
+// ask the guest itself. A UEFI guest gets the ACPI power button and a Firecracker one
+// Ctrl-Alt-Del, with the timeout to power off.
+func StopsAtOnce(hypervisor string, directBoot bool) bool {
+	return directBoot && hypervisor != HypervisorFirecracker
+}

@@ -157,7 +157,7 @@ type VM struct {
 	// NICs is the --nics to give cocoon; 0 keeps a snapshot's count.
 	NICs int `json:"nics,omitempty"`
 	// DirectBoot: the guest boots its kernel directly (an OCI VM image, or a snapshot of a VM that
-	// did). See StopsAtOnce.
+	// did). See cocoon.StopsAtOnce.
 	DirectBoot bool `json:"direct_boot,omitempty"`
 	// OnDemand marks a clone that reads its memory lazily from the source snapshot, which must stay
 	// on disk while the VM exists.
@@ -310,15 +310,6 @@ func (i *Image) clone() *Image {
 	}
 	return &c
 }
-
-// StopsAtOnce says that cocoon's vm stop ends this VM at once, whatever the timeout: it presses
-// no power button for a direct-boot guest under cloud-hypervisor, so a graceful stop must ask the
-// guest itself. A UEFI guest gets the ACPI power button and a Firecracker one Ctrl-Alt-Del, with
-// the timeout to power off.
-func (v VM) StopsAtOnce() bool { return v.DirectBoot && v.Backend != backendFirecracker }
-
-// backendFirecracker is cocoon.HypervisorFirecracker, which records do not import.
-const backendFirecracker = "firecracker"
 
 // PoolVM is a VM of a warm pool: cloned from a snapshot image ahead of any pod, on a placeholder
 // network of its own, and handed to a pod's container at StartContainer instead of a clone. It

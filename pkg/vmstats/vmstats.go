@@ -186,6 +186,26 @@ func ReadStat(procRoot string, pid int) (Stat, error) {
 	return st, nil
 }
 
+// ProcessIdentity names one process: its PID and, when known, when it started (clock ticks since
+// boot), which tells it from a later process given the same PID.
+type ProcessIdentity struct {
+	PID   int
+	Start uint64 // 0: unknown, and then any process with the PID is taken for it
+}
+
+// Alive says whether the process runs (a zombie has ended) and, when its start is known, is the
+// one named.
+func (p ProcessIdentity) Alive(procRoot string) bool {
+	if !Running(procRoot, p.PID) {
+		return false
+	}
+	if p.Start == 0 {
+		return true
+	}
+	start, err := StartTicks(procRoot, p.PID)
+	return err == nil && start == p.Start
+}
+
 // Running says whether pid is a process that has not exited. A zombie has: it only waits for its
 // parent to reap it, and holds no memory and runs nothing.
 func Running(procRoot string, pid int) bool {

@@ -293,3 +293,24 @@ func TestCPURate(t *testing.T) {
 		t.Fatalf("after Forget: %d keys", r.Len())
 	}
 }
+
+func TestProcessIdentityTellsAReusedPID(t *testing.T) {
+	pid := os.Getpid()
+	start, err := StartTicks("/proc", pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		p    ProcessIdentity
+		want bool
+	}{
+		{ProcessIdentity{PID: pid, Start: start}, true},
+		{ProcessIdentity{PID: pid}, true},                    // the start unknown: any process with the PID
+		{ProcessIdentity{PID: pid, Start: start + 1}, false}, // another process that got the PID
+		{ProcessIdentity{}, false},
+	} {
+		if got := tc.p.Alive("/proc"); got != tc.want {
+			t.Errorf("%+v alive: %v, want %v", tc.p, got, tc.want)
+		}
+	}
+}
