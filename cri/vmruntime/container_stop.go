@@ -117,7 +117,7 @@ func (s *Runtime) askGuestPowerOff(ctx context.Context, sb *store.Sandbox, c *st
 	case errdefs.IsFailedPrecondition(err):
 		return powerOffAnswer{why: err.Error()}
 	}
-	if waitVMGone(ctx, hypervisor(c.VM.PID, c.VM)) != nil {
+	if waitVMGone(ctx, hypervisorProcess(c.VM.PID, c.VM)) != nil {
 		if err != nil {
 			return powerOffAnswer{why: err.Error()}
 		}

@@ -112,7 +112,7 @@ func (s *Runtime) checkRunning(ctx context.Context, vms []cocoon.VM) {
 	g.SetLimit(checkConcurrency)
 	for _, c := range s.store.Containers.List(awakeRunning) {
 		vm, ok := byID[c.VM.ID]
-		if ok && vm.State == cocoon.VMStateRunning && hypervisor(vm.PID, c.VM).Alive(procRoot) {
+		if ok && vm.State == cocoon.VMStateRunning && hypervisorProcess(vm.PID, c.VM).Alive(procRoot) {
 			continue
 		}
 		g.Go(func() error {
@@ -161,7 +161,7 @@ func (s *Runtime) checkVMEndedOnce(ctx context.Context, sandboxID, containerID, 
 	// cocoon's liveness check is kill(pid, 0), which a hypervisor nobody reaped passes: it keeps
 	// calling such a VM running (docs/cocoon-contract.md section 7).
 	// Nor can it tell its hypervisor from a later process given the same PID.
-	deadButRunning := err == nil && vm.State == cocoon.VMStateRunning && !hypervisor(vm.PID, c.VM).Alive(procRoot)
+	deadButRunning := err == nil && vm.State == cocoon.VMStateRunning && !hypervisorProcess(vm.PID, c.VM).Alive(procRoot)
 	var st exitStatus
 	switch {
 	case deadButRunning && !settled:
@@ -218,11 +218,11 @@ func (s *Runtime) runningContainersOf(vmID string) []*store.Container {
 	})
 }
 
-// hypervisor is the identity of the VM's hypervisor, which cocoon reports at pid. While that is the
+// hypervisorProcess is the identity of the VM's hypervisorProcess, which cocoon reports at pid. While that is the
 // PID the container's start recorded, it must be that very process, told by its start time: a PID
 // is reused once its process is gone, and cocoon's own check (kill(pid, 0)) cannot tell. A
-// hypervisor cocoon started anew has another PID, and no recorded start.
-func hypervisor(pid int, rec store.VM) vmstats.ProcessIdentity {
+// hypervisorProcess cocoon started anew has another PID, and no recorded start.
+func hypervisorProcess(pid int, rec store.VM) vmstats.ProcessIdentity {
 	p := vmstats.ProcessIdentity{PID: pid}
 	if pid == rec.PID {
 		p.Start = rec.PIDStart

@@ -21,17 +21,17 @@ func TestHypervisorAliveTellsAReusedPID(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !hypervisor(pid, store.VM{PID: pid, PIDStart: start}).Alive(procRoot) {
+	if !hypervisorProcess(pid, store.VM{PID: pid, PIDStart: start}).Alive(procRoot) {
 		t.Fatal("the recorded process itself is not alive")
 	}
-	if hypervisor(pid, store.VM{PID: pid, PIDStart: start + 1}).Alive(procRoot) {
+	if hypervisorProcess(pid, store.VM{PID: pid, PIDStart: start + 1}).Alive(procRoot) {
 		t.Fatal("a process that reuses the recorded PID is taken for the VM")
 	}
-	if !hypervisor(pid, store.VM{PID: pid}).Alive(procRoot) {
+	if !hypervisorProcess(pid, store.VM{PID: pid}).Alive(procRoot) {
 		t.Fatal("a record without a start time (an older record) makes a live VM dead")
 	}
 	// PID 1 stands for a live process cocoon started anew.
-	if !hypervisor(1, store.VM{PID: pid, PIDStart: start + 1}).Alive(procRoot) {
+	if !hypervisorProcess(1, store.VM{PID: pid, PIDStart: start + 1}).Alive(procRoot) {
 		t.Fatal("a hypervisor cocoon started anew (another PID) is judged by the old one's start time")
 	}
 }
@@ -49,14 +49,14 @@ func TestWaitVMGone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec := hypervisor(pid, store.VM{PID: pid, PIDStart: start})
+	rec := hypervisorProcess(pid, store.VM{PID: pid, PIDStart: start})
 
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if err := waitVMGone(ctx, rec); !errors.Is(err, context.Canceled) {
 		t.Fatalf("a running hypervisor, the wait cancelled: %v, want the context's error", err)
 	}
-	if err := waitVMGone(context.Background(), hypervisor(pid, store.VM{PID: pid, PIDStart: start + 1})); err != nil {
+	if err := waitVMGone(context.Background(), hypervisorProcess(pid, store.VM{PID: pid, PIDStart: start + 1})); err != nil {
 		t.Fatalf("a PID reused by another process: %v, want the VM gone", err)
 	}
 
