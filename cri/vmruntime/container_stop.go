@@ -165,7 +165,7 @@ func (s *Runtime) recordExit(c *store.Container, st exitStatus) error {
 	s.emit(runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT, exited)
 	s.idle.drop(c.ID)
 	s.stopIO(c.ID)
-	s.samplers.Close(c.ID)
+	s.stats.forget(c.ID)
 	s.releaseCgroup(exited)
 	if err := s.releaseShare(exited); err != nil {
 		s.log.Warn("the volumes' share of an exited VM is left on the node; removing the container retries", "container", c.ID, "err", err)

@@ -341,7 +341,7 @@ func (s *Runtime) Hibernate(ctx context.Context, containerID string) error {
 	if err != nil {
 		return fmt.Errorf("record the VM hibernated: %w", err)
 	}
-	s.samplers.Close(c.ID)
+	s.stats.forget(c.ID)
 	took := s.nowFunc().Sub(start)
 	if s.cfg.Metrics != nil {
 		s.cfg.Metrics.Hibernated(took)

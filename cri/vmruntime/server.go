@@ -23,7 +23,6 @@ import (
 	"github.com/cocoonstack/cocoon-cri/pkg/refresh"
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
 	"github.com/cocoonstack/cocoon-cri/pkg/vfio"
-	"github.com/cocoonstack/cocoon-cri/pkg/vmstats"
 	"github.com/cocoonstack/cocoon-cri/streaming"
 )
 
@@ -146,8 +145,7 @@ type Runtime struct {
 	streams  *streaming.Server
 	events   eventHub
 	cgroups  cgroups.Driver
-	cpuRate  vmstats.CPURate  // previous CPU samples, by container ID
-	samplers vmstats.Samplers // running hypervisors' /proc files, by container ID
+	stats    *statsCollector
 
 	pullAuths pullAuths
 	// archives are the digests of checkpoint archives RestorePod has read.
@@ -213,6 +211,7 @@ func New(cfg Config, log *slog.Logger, st *store.Store, cc Cocoon, nets PodNetwo
 		}),
 		nowFunc: time.Now,
 		pools:   newWarmPools(cfg.WarmPools),
+		stats:   &statsCollector{log: log, net: nets, containersDir: images.ContainersDir, exists: func(id string) bool { return st.Containers.Has(id) }},
 	}
 }
 

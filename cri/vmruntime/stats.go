@@ -2,8 +2,6 @@ package vmruntime
 
 import (
 	"context"
-	"errors"
-	"io/fs"
 	"runtime"
 	"strings"
 	"sync"
@@ -12,15 +10,9 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
-	"github.com/cocoonstack/cocoon-cri/pkg/vmstats"
-	"github.com/cocoonstack/cocoon-cri/tapmanager"
 )
 
-// Statistics are read from the hypervisor process (its vCPU threads are the guest's CPU, its
-// resident memory the guest's memory plus the VMM's own), the pod interface's counters and the
-// VM's writable disk; never from cocoon, since the kubelet asks every few seconds. A container
-// whose VM does not run reports zero CPU and memory, with timestamps, as containerd does for a
-// container without a task; its writable disk is still reported while cocoon keeps it.
+// The stats RPCs: what to answer for, chosen from the store; the statsCollector reads it.
 
 // ContainerStats answers for one container.
 func (s *Runtime) ContainerStats(_ context.Context, req *runtimeapi.ContainerStatsRequest) (*runtimeapi.ContainerStatsResponse, error) {
@@ -28,7 +20,7 @@ func (s *Runtime) ContainerStats(_ context.Context, req *runtimeapi.ContainerSta
 	if err != nil {
 		return nil, err
 	}
-	return &runtimeapi.ContainerStatsResponse{Stats: s.sampleContainer(c, s.now()).stats}, nil
+	return &runtimeapi.ContainerStatsResponse{Stats: s.stats.container(c, s.now()).stats}, nil
 }
 
 // ListContainerStats answers for every container the filter selects. ID filters accept prefixes.
@@ -53,8 +45,8 @@ func (s *Runtime) listContainerStats(f *runtimeapi.ContainerStatsFilter) []*runt
 	})
 	now := s.now()
 	out := make([]*runtimeapi.ContainerStats, len(records))
-	inParallel(len(records), func(i int) { out[i] = s.sampleContainer(records[i], now).stats })
-	s.forgetRemovedContainers()
+	inParallel(len(records), func(i int) { out[i] = s.stats.container(records[i], now).stats })
+	s.stats.forgetRemoved()
 	return out
 }
 
@@ -64,7 +56,7 @@ func (s *Runtime) PodSandboxStats(_ context.Context, req *runtimeapi.PodSandboxS
 	if err != nil {
 		return nil, err
 	}
-	return &runtimeapi.PodSandboxStatsResponse{Stats: s.sandboxStats(sb, s.sandboxContainers(sb.ID))}, nil
+	return &runtimeapi.PodSandboxStatsResponse{Stats: s.stats.sandbox(sb, s.sandboxContainers(sb.ID), s.now())}, nil
 }
 
 // ListPodSandboxStats answers for the ready sandboxes the filter selects (containerd leaves out
@@ -93,9 +85,10 @@ func (s *Runtime) listSandboxStats(f *runtimeapi.PodSandboxStatsFilter) []*runti
 	for _, c := range s.store.Containers.List(nil) {
 		bySandbox[c.SandboxID] = append(bySandbox[c.SandboxID], c)
 	}
+	now := s.now()
 	out := make([]*runtimeapi.PodSandboxStats, len(records))
-	inParallel(len(records), func(i int) { out[i] = s.sandboxStats(records[i], bySandbox[records[i].ID]) })
-	s.forgetRemovedContainers()
+	inParallel(len(records), func(i int) { out[i] = s.stats.sandbox(records[i], bySandbox[records[i].ID], now) })
+	s.stats.forgetRemoved()
 	return out
 }
 
@@ -113,175 +106,3 @@ func inParallel(n int, fn func(i int)) {
 	}
 	wg.Wait()
 }
-
-// sandboxStats adds up the sandbox's containers (at most one VM runs) and reads the pod
-// interface. Cumulative CPU is the running VM's: a restarted container's VM starts from zero, as
-// a restarted container's cgroup does.
-func (s *Runtime) sandboxStats(sb *store.Sandbox, containers []*store.Container) *runtimeapi.PodSandboxStats {
-	now := s.now()
-	cfg := sb.Config.Msg
-	linux := &runtimeapi.LinuxPodSandboxStats{
-		Cpu:     &runtimeapi.CpuUsage{Timestamp: now, UsageCoreNanoSeconds: u64(0), UsageNanoCores: u64(0)},
-		Memory:  zeroMemory(now),
-		Process: &runtimeapi.ProcessUsage{Timestamp: now, ProcessCount: u64(0)},
-	}
-	var running *store.Container
-	for _, c := range containers {
-		smp := s.sampleContainer(c, now)
-		linux.Containers = append(linux.Containers, smp.stats)
-		if smp.proc == nil {
-			continue
-		}
-		running = c
-		addValue(&linux.Cpu.UsageCoreNanoSeconds, smp.stats.Cpu.GetUsageCoreNanoSeconds().GetValue())
-		addValue(&linux.Cpu.UsageNanoCores, smp.stats.Cpu.GetUsageNanoCores().GetValue())
-		m := smp.stats.Memory
-		addValue(&linux.Memory.WorkingSetBytes, m.GetWorkingSetBytes().GetValue())
-		addValue(&linux.Memory.UsageBytes, m.GetUsageBytes().GetValue())
-		addValue(&linux.Memory.RssBytes, m.GetRssBytes().GetValue())
-		addValue(&linux.Memory.PageFaults, m.GetPageFaults().GetValue())
-		addValue(&linux.Memory.MajorPageFaults, m.GetMajorPageFaults().GetValue())
-		// On the host a VM is one process, its hypervisor (the guest's processes are inside it).
-		addValue(&linux.Process.ProcessCount, 1)
-	}
-	linux.Network = s.podNetwork(sb, running, now)
-	return &runtimeapi.PodSandboxStats{
-		Attributes: &runtimeapi.PodSandboxAttributes{
-			Id: sb.ID, Metadata: cfg.GetMetadata(), Labels: cfg.GetLabels(), Annotations: cfg.GetAnnotations(),
-		},
-		Linux: linux,
-	}
-}
-
-// containerSample is a container's stats and the hypervisor sample behind them (nil when no VM
-// runs).
-type containerSample struct {
-	stats *runtimeapi.ContainerStats
-	proc  *vmstats.Process
-}
-
-func (s *Runtime) sampleContainer(c *store.Container, now int64) containerSample {
-	cfg := c.Config.Msg
-	st := &runtimeapi.ContainerStats{
-		Attributes: &runtimeapi.ContainerAttributes{
-			Id: c.ID, Metadata: cfg.GetMetadata(), Labels: cfg.GetLabels(), Annotations: cfg.GetAnnotations(),
-		},
-		Cpu:           &runtimeapi.CpuUsage{Timestamp: now, UsageCoreNanoSeconds: u64(0), UsageNanoCores: u64(0)},
-		Memory:        zeroMemory(now),
-		Swap:          &runtimeapi.SwapUsage{Timestamp: now, SwapUsageBytes: u64(0)},
-		WritableLayer: s.writableLayer(c, now),
-	}
-	proc := s.hypervisor(c)
-	if proc == nil {
-		return containerSample{stats: st}
-	}
-	st.Cpu.UsageCoreNanoSeconds = u64(proc.CPUNanos)
-	if rate, ok := s.cpuRate.Observe(c.ID, proc.StartTicks, now, proc.CPUNanos, c.StartedAt); ok {
-		st.Cpu.UsageNanoCores = u64(rate)
-	}
-	// Nothing a hypervisor holds is cache the kernel could take back the way a container's
-	// inactive file pages are: all of its resident memory is working set. The guest's RAM is
-	// anonymous memory, or shared memory when a vhost-user device needs it; both are its RSS.
-	st.Memory.WorkingSetBytes = u64(proc.RSS)
-	st.Memory.UsageBytes = u64(proc.RSS)
-	st.Memory.RssBytes = u64(proc.RSSAnon + proc.RSSShmem)
-	st.Memory.PageFaults = u64(proc.MinorFaults)
-	st.Memory.MajorPageFaults = u64(proc.MajorFaults)
-	st.Swap.SwapUsageBytes = u64(proc.Swap)
-	return containerSample{stats: st, proc: proc}
-}
-
-// hypervisor samples a running container's hypervisor; nil when the container does not run, or
-// its process is gone (the VM watcher records that) or is another process that reused the PID.
-func (s *Runtime) hypervisor(c *store.Container) *vmstats.Process {
-	if c.State != store.ContainerRunning || c.VM.PID <= 0 {
-		return nil
-	}
-	proc, err := s.samplers.Sample(procRoot, c.ID, c.VM.PID)
-	switch {
-	case errors.Is(err, vmstats.ErrGone):
-		s.log.Debug("the hypervisor of a running container is gone; its stats are zero", "container", c.ID, "pid", c.VM.PID)
-		return nil
-	case err != nil:
-		s.log.Warn("reading the hypervisor's usage failed", "container", c.ID, "pid", c.VM.PID, "err", err)
-		return nil
-	case c.VM.PIDStart != 0 && proc.StartTicks != c.VM.PIDStart:
-		s.samplers.Close(c.ID)
-		s.log.Debug("the hypervisor's PID belongs to another process now; its stats are zero", "container", c.ID, "pid", c.VM.PID)
-		return nil
-	}
-	return proc
-}
-
-// writableLayer is the VM's writable disk, as cocoon reported it at start: the blocks it has
-// allocated, on the filesystem of cocoon's run dir (the container filesystem ImageFsInfo
-// reports). It is there from the VM's start to its removal, so stopped containers count too.
-func (s *Runtime) writableLayer(c *store.Container, now int64) *runtimeapi.FilesystemUsage {
-	var used, inodes uint64
-	if path := c.VM.COWPath; path != "" {
-		b, err := vmstats.AllocatedBytes(path)
-		switch {
-		case err == nil:
-			used, inodes = b, 1
-		case !errors.Is(err, fs.ErrNotExist):
-			s.log.Warn("reading the VM's writable disk failed", "container", c.ID, "path", path, "err", err)
-		}
-	}
-	return &runtimeapi.FilesystemUsage{
-		Timestamp:  now,
-		FsId:       &runtimeapi.FilesystemIdentifier{Mountpoint: s.images.ContainersDir()},
-		UsedBytes:  u64(used),
-		InodesUsed: u64(inodes),
-	}
-}
-
-// podNetwork reads the pod interface: in the namespace of the running container's hypervisor,
-// which holds it, or, while no VM runs, where the network finds it (the pod's namespace, or a
-// stopped VM's). Nil when none has it (the sandbox was detached from the network).
-func (s *Runtime) podNetwork(sb *store.Sandbox, running *store.Container, now int64) *runtimeapi.NetworkUsage {
-	var iface vmstats.Interface
-	found := false
-	if running != nil {
-		ifaces, err := s.samplers.NetDev(procRoot, running.ID, running.VM.PID)
-		if err == nil {
-			iface, found = vmstats.FindInterface(ifaces, tapmanager.VMIfName)
-		}
-	}
-	if !found && sb.NetNS != "" && sb.Network != nil && sb.Network.Result != nil {
-		var err error
-		if iface, err = s.net.PodInterfaceCounters(sb.ID, sb.NetNS); err != nil {
-			s.log.Debug("no pod interface counters", "sandbox", sb.ID, "err", err)
-			return nil
-		}
-		found = true
-	}
-	if !found {
-		return nil
-	}
-	return &runtimeapi.NetworkUsage{
-		Timestamp: now,
-		DefaultInterface: &runtimeapi.NetworkInterfaceUsage{
-			Name:    iface.Name,
-			RxBytes: u64(iface.RxBytes), RxErrors: u64(iface.RxErrors),
-			TxBytes: u64(iface.TxBytes), TxErrors: u64(iface.TxErrors),
-		},
-	}
-}
-
-// forgetRemovedContainers drops the CPU samples and closes the /proc files of containers that no
-// longer exist.
-func (s *Runtime) forgetRemovedContainers() {
-	s.cpuRate.Forget(s.store.Containers.Has)
-	s.samplers.Forget(s.store.Containers.Has)
-}
-
-func zeroMemory(now int64) *runtimeapi.MemoryUsage {
-	return &runtimeapi.MemoryUsage{
-		Timestamp: now, WorkingSetBytes: u64(0), UsageBytes: u64(0), RssBytes: u64(0),
-		PageFaults: u64(0), MajorPageFaults: u64(0),
-	}
-}
-
-func u64(v uint64) *runtimeapi.UInt64Value { return &runtimeapi.UInt64Value{Value: v} }
-
-func addValue(dst **runtimeapi.UInt64Value, v uint64) { *dst = u64((*dst).GetValue() + v) }

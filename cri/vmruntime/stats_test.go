@@ -117,12 +117,12 @@ func TestStatsFromTheHypervisorProcess(t *testing.T) {
 	}
 	// The running VM's CPU was sampled (the first sample's rate is the average since the VM
 	// started); the others, with no live hypervisor, were not.
-	if n := s.cpuRate.Len(); n != 1 {
+	if n := s.stats.cpuRate.Len(); n != 1 {
 		t.Fatalf("%d CPU samples kept, want 1 (running's): CPU %v", n, run.GetCpu())
 	}
 	// Only the running VM's hypervisor files stay open for the next sample: not those of the
 	// process that reused a PID.
-	if n := s.samplers.Len(); n != 1 {
+	if n := s.stats.samplers.Len(); n != 1 {
 		t.Fatalf("%d containers' /proc files kept open, want 1 (running's)", n)
 	}
 	if used := run.GetWritableLayer().GetUsedBytes().GetValue(); used < 64<<10 || run.GetWritableLayer().GetInodesUsed().GetValue() != 1 {
@@ -185,10 +185,10 @@ func TestStatsFromTheHypervisorProcess(t *testing.T) {
 	if _, err := s.ListContainerStats(ctx, &runtimeapi.ListContainerStatsRequest{}); err != nil {
 		t.Fatal(err)
 	}
-	if n := s.cpuRate.Len(); n != 0 {
+	if n := s.stats.cpuRate.Len(); n != 0 {
 		t.Fatalf("%d CPU samples kept after the containers went", n)
 	}
-	if n := s.samplers.Len(); n != 0 {
+	if n := s.stats.samplers.Len(); n != 0 {
 		t.Fatalf("%d containers' /proc files kept open after the containers went", n)
 	}
 }
