@@ -15,7 +15,7 @@ import (
 	"github.com/cocoonstack/cocoon-cri/tapmanager"
 )
 
-// The server's seams: what it asks of cocoon and of the pod network, as small interfaces of its
+// The runtime's seams: what it asks of cocoon and of the pod network, as small interfaces of its
 // own. The daemon gives it pkg/cocoon's client (through CocoonClient) and tapmanager's Manager;
 // the package's tests give it in-process fakes (fake_cocoon_test.go, fake_network_test.go), so
 // that every lifecycle RPC runs without a cocoon binary, network namespaces or CNI plugins.

@@ -403,7 +403,7 @@ func (s *Runtime) awaitTraffic(ctx context.Context, sb *store.Sandbox, c *store.
 	watch := st.traffic
 	st.traffic = nil
 	// The wait outlives the call that hibernated the VM (an operator's RPC, one look at the VMs):
-	// it ends with a wake, the container's end, or the server's (Shutdown).
+	// it ends with a wake, the container's end, or the runtime's (Shutdown).
 	ctx = context.WithoutCancel(ctx)
 	waitCtx, cancel := context.WithCancel(ctx)
 	st.cancelWait = cancel

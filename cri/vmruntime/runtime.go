@@ -38,7 +38,7 @@ const (
 	HandlerName = "cocoon"
 )
 
-// Config is what the server needs from the daemon's configuration.
+// Config is what the runtime needs from the daemon's configuration.
 type Config struct {
 	// Version is cocoon-cri's own version, reported as runtime_version.
 	Version string
@@ -162,7 +162,7 @@ type Runtime struct {
 	nowFunc func() time.Time
 }
 
-// New returns a server over the given components: the daemon's are CocoonClient(a *cocoon.Client)
+// New returns a runtime over the given components: the daemon's are CocoonClient(a *cocoon.Client)
 // and a *tapmanager.Manager (deps.go).
 func New(cfg Config, log *slog.Logger, st *store.Store, cc Cocoon, nets PodNetwork, images *imagestore.Service) *Runtime {
 	if cfg.HostCPUs <= 0 {
