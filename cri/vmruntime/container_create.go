@@ -138,7 +138,7 @@ func (s *Runtime) checkCommandCanRun(ctx context.Context, cfg *runtimeapi.Contai
 	if len(mainCommand(cfg)) == 0 {
 		return nil
 	}
-	path, err := s.execPath(ctx)
+	path, err := s.guest.path(ctx)
 	if err != nil {
 		return err
 	}

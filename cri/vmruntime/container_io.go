@@ -115,7 +115,7 @@ func (s *Runtime) runGuest(ctx context.Context, sb *store.Sandbox, c *store.Cont
 	go s.keepVolumesInStep(ctx, sb, c, volumes, s.log.With("container", c.ID, "vm", c.VM.Name))
 	if cio.main != nil {
 		code, err := cio.main.run(func(stdio streaming.ExecIO) (int, error) {
-			return s.guestExec(ctx, sb, c, containerCommand(c.Config.Msg, cio.main.argv), stdio)
+			return s.guest.run(ctx, sb, c, containerCommand(c.Config.Msg, cio.main.argv), stdio)
 		})
 		s.mainExited(ctx, sb.ID, c.ID, code, err)
 	}

@@ -104,13 +104,13 @@ type powerOffAnswer struct {
 func (s *Runtime) askGuestPowerOff(ctx context.Context, sb *store.Sandbox, c *store.Container, timeout time.Duration) powerOffAnswer {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	switch path, err := s.execPath(ctx); {
+	switch path, err := s.guest.path(ctx); {
 	case err != nil:
 		return powerOffAnswer{why: err.Error()}
 	case path == ExecPathNone:
 		return powerOffAnswer{why: "no way to run commands in guests"}
 	}
-	code, err := s.guestExec(ctx, sb, c, systemCommand("poweroff"), streaming.ExecIO{Stdout: io.Discard, Stderr: io.Discard})
+	code, err := s.guest.run(ctx, sb, c, systemCommand("poweroff"), streaming.ExecIO{Stdout: io.Discard, Stderr: io.Discard})
 	switch {
 	case err == nil && code != 0:
 		return powerOffAnswer{why: fmt.Sprintf("poweroff exited %d", code)}

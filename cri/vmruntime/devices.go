@@ -221,7 +221,7 @@ func (s *Runtime) linkDevices(ctx context.Context, sb *store.Sandbox, c *store.C
 		return nil
 	}
 	out := &syncio.Tail{Max: guestOutputTail}
-	code, err := s.guestExec(ctx, sb, c, systemCommand("/bin/sh", "-c", "set -e\n"+b.String()), streaming.ExecIO{Stdout: out, Stderr: out})
+	code, err := s.guest.run(ctx, sb, c, systemCommand("/bin/sh", "-c", "set -e\n"+b.String()), streaming.ExecIO{Stdout: out, Stderr: out})
 	switch {
 	case err != nil:
 		return fmt.Errorf("devices did not reach the guest: %w", err)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"net"
 	"os"
@@ -57,26 +58,40 @@ const (
 	ExecPathNone  = ""
 )
 
-// execPath is how commands reach guests on this node: through cocoon's guest agent (vm exec) when
+// guestExecutor runs commands in guests: through cocoon's guest agent (vm exec), or over SSH to
+// the pod IP with the node's key, trusting each guest's host key on first use. It records on the
+// container what it learns of each VM (the path its commands take, the host key it pinned), so
+// later commands neither wait for an agent that is not there nor trust another key.
+type guestExecutor struct {
+	ssh          GuestSSH
+	readyTimeout time.Duration // how long a started guest's agent is waited for
+	log          *slog.Logger
+	store        *store.Store
+	cocoon       Cocoon
+	cocoonFor    func(*store.Sandbox) Cocoon
+	now          func() time.Time
+}
+
+// path is how commands reach guests on this node: through cocoon's guest agent (vm exec) when
 // this cocoon has it, over SSH to the pod IP when a login is configured, or not at all. A VM may
-// learn otherwise (guestExecPath). When cocoon cannot be asked what it has, that is an error
+// learn otherwise (vmPath). When cocoon cannot be asked what it has, that is an error
 // (Unavailable), never "no path": the next call asks again.
-func (s *Runtime) execPath(ctx context.Context) (string, error) {
-	caps, err := s.cocoon.Capabilities(ctx)
+func (g *guestExecutor) path(ctx context.Context) (string, error) {
+	caps, err := g.cocoon.Capabilities(ctx)
 	switch {
 	case err != nil:
 		return ExecPathNone, unavailable("cannot learn whether this cocoon has vm exec (retry): %v", err)
 	case caps.Exec:
 		return ExecPathAgent, nil
-	case s.cfg.GuestSSH.configured():
+	case g.ssh.configured():
 		return ExecPathSSH, nil
 	}
 	return ExecPathNone, nil
 }
 
-// ExecPath is execPath for the daemon's log: "" when there is none or it cannot be told yet.
+// ExecPath is the node's exec path (guestExecutor.path) for the daemon's log: "" when there is none or it cannot be told yet.
 func (s *Runtime) ExecPath(ctx context.Context) string {
-	path, _ := s.execPath(ctx)
+	path, _ := s.guest.path(ctx)
 	return path
 }
 
@@ -170,26 +185,26 @@ func notShellNames(env map[string]string) map[string]string {
 	return out
 }
 
-// guestExec runs a command in the container's guest and returns its exit code, by the VM's exec
+// run runs a command in the container's guest and returns its exit code, by the VM's exec
 // path. A guest found to have no agent falls back to SSH where a login is configured.
-func (s *Runtime) guestExec(ctx context.Context, sb *store.Sandbox, c *store.Container, cmd guestCommand, stdio streaming.ExecIO) (int, error) {
-	path, learned, err := s.guestExecPath(ctx, c)
+func (g *guestExecutor) run(ctx context.Context, sb *store.Sandbox, c *store.Container, cmd guestCommand, stdio streaming.ExecIO) (int, error) {
+	path, learned, err := g.vmPath(ctx, c)
 	if err != nil {
 		return -1, err
 	}
 	if path == ExecPathAgent {
-		code, err := s.agentExec(ctx, sb, c, cmd, stdio)
+		code, err := g.agent(ctx, sb, c, cmd, stdio)
 		var none *noAgentError
 		if !errors.As(err, &none) {
 			return code, err
 		}
-		if path = s.learnNoAgent(c, none); path == ExecPathNone {
+		if path = g.learnNoAgent(c, none); path == ExecPathNone {
 			return -1, noAgentNoSSH(c, none.why)
 		}
 	}
 	switch {
 	case path == ExecPathSSH:
-		return s.sshExec(ctx, sb, c, cmd.sshArgv(), stdio)
+		return g.overSSH(ctx, sb, c, cmd.sshArgv(), stdio)
 	case learned:
 		return -1, noAgentNoSSH(c, "it has no cocoon-agent")
 	}
@@ -201,12 +216,12 @@ func noAgentNoSSH(c *store.Container, why string) error {
 		"use an image with cocoon-agent, or start cocoon-cri with --guest-ssh-key-file", c.VM.Name, why)
 }
 
-// guestExecPath is the exec path this VM was found to have (learned), else the node's.
-func (s *Runtime) guestExecPath(ctx context.Context, c *store.Container) (path string, learned bool, err error) {
-	if cur, err := s.store.Containers.Get(c.ID); err == nil && cur.VM.GuestExecKnown {
+// vmPath is the exec path this VM was found to have (learned), else the node's.
+func (g *guestExecutor) vmPath(ctx context.Context, c *store.Container) (path string, learned bool, err error) {
+	if cur, err := g.store.Containers.Get(c.ID); err == nil && cur.VM.GuestExecKnown {
 		return cur.VM.GuestExec, true, nil
 	}
-	path, err = s.execPath(ctx)
+	path, err = g.path(ctx)
 	return path, false, err
 }
 
@@ -215,31 +230,31 @@ type noAgentError struct{ why string }
 
 func (e *noAgentError) Error() string { return e.why }
 
-// learnGuestExec records the VM's exec path once, so later commands neither wait for an agent that
+// learn records the VM's exec path once, so later commands neither wait for an agent that
 // is not there nor ask again.
-func (s *Runtime) learnGuestExec(c *store.Container, path string) {
-	if cur, err := s.store.Containers.Get(c.ID); err != nil || cur.VM.GuestExecKnown {
+func (g *guestExecutor) learn(c *store.Container, path string) {
+	if cur, err := g.store.Containers.Get(c.ID); err != nil || cur.VM.GuestExecKnown {
 		return
 	}
-	_, err := s.store.Containers.Modify(c.ID, func(r *store.Container) error {
+	_, err := g.store.Containers.Modify(c.ID, func(r *store.Container) error {
 		if r.VM.ID == c.VM.ID {
 			r.VM.GuestExec, r.VM.GuestExecKnown = path, true
 		}
 		return nil
 	})
 	if err != nil {
-		s.log.Warn("recording how commands reach the guest failed", "container", c.ID, "err", err)
+		g.log.Warn("recording how commands reach the guest failed", "container", c.ID, "err", err)
 	}
 }
 
 // learnNoAgent records that the VM has no agent and returns the path its commands take instead.
-func (s *Runtime) learnNoAgent(c *store.Container, none *noAgentError) string {
+func (g *guestExecutor) learnNoAgent(c *store.Container, none *noAgentError) string {
 	path := ExecPathNone
-	if s.cfg.GuestSSH.configured() {
+	if g.ssh.configured() {
 		path = ExecPathSSH
 	}
-	s.learnGuestExec(c, path)
-	s.log.Warn("the guest has no cocoon-agent", "container", c.ID, "vm", c.VM.Name, "why", none.why, "guestExec", DescribeExecPath(path))
+	g.learn(c, path)
+	g.log.Warn("the guest has no cocoon-agent", "container", c.ID, "vm", c.VM.Name, "why", none.why, "guestExec", DescribeExecPath(path))
 	return path
 }
 
@@ -251,25 +266,25 @@ func DescribeExecPath(path string) string {
 	return path
 }
 
-// agentExec uses cocoon's vm exec, whose --env sets the environment. It has no terminal of its own:
+// agent uses cocoon's vm exec, whose --env sets the environment. It has no terminal of its own:
 // a TTY request runs the command under script(1) in the guest, which makes one (the terminal keeps
 // its initial size). A booting guest's agent is waited for until ctx ends, or until the guest-ready
 // timeout after the VM started has passed: then the guest has no agent (a noAgentError), as when
 // cocoon says the VM has no vsock.
-func (s *Runtime) agentExec(ctx context.Context, sb *store.Sandbox, c *store.Container, cmd guestCommand, stdio streaming.ExecIO) (int, error) {
+func (g *guestExecutor) agent(ctx context.Context, sb *store.Sandbox, c *store.Container, cmd guestCommand, stdio streaming.ExecIO) (int, error) {
 	argv := cmd.agentArgv(stdio.TTY)
 	if stdio.TTY {
 		stdio.Stderr = stdio.Stdout
 	}
 	opts := cocoon.ExecOptions{Env: cmd.env, Stdin: stdio.Stdin, Stdout: stdio.Stdout, Stderr: stdio.Stderr}
-	agentDeadline := time.Unix(0, c.StartedAt).Add(s.cfg.GuestReadyTimeout)
+	agentDeadline := time.Unix(0, c.StartedAt).Add(g.readyTimeout)
 	for {
-		code, err := s.cocoonFor(sb).VMExec(ctx, c.VM.ID, argv, opts)
+		code, err := g.cocoonFor(sb).VMExec(ctx, c.VM.ID, argv, opts)
 		switch {
 		case err == nil:
-			s.learnGuestExec(c, ExecPathAgent)
+			g.learn(c, ExecPathAgent)
 			return code, nil
-		case errors.Is(err, cocoon.ErrNoVsock) && s.vmHasVsock(ctx, c.VM.ID):
+		case errors.Is(err, cocoon.ErrNoVsock) && g.vmHasVsock(ctx, c.VM.ID):
 			// cocoon would not say so of a VM it gave a vsock socket: the line is the command's own
 			// stderr, which a guest can word as it likes, and the exit code is the command's.
 			var ce *cocoon.CommandError
@@ -281,8 +296,8 @@ func (s *Runtime) agentExec(ctx context.Context, sb *store.Sandbox, c *store.Con
 			return -1, &noAgentError{why: "cocoon says the VM has no vsock device for an agent"}
 		case !errors.Is(err, cocoon.ErrAgentStarting):
 			return code, err
-		case c.StartedAt != 0 && s.nowFunc().After(agentDeadline):
-			return -1, &noAgentError{why: fmt.Sprintf("its cocoon-agent did not answer within %s of the start", s.cfg.GuestReadyTimeout)}
+		case c.StartedAt != 0 && g.now().After(agentDeadline):
+			return -1, &noAgentError{why: fmt.Sprintf("its cocoon-agent did not answer within %s of the start", g.readyTimeout)}
 		}
 		select {
 		case <-ctx.Done():
@@ -293,26 +308,26 @@ func (s *Runtime) agentExec(ctx context.Context, sb *store.Sandbox, c *store.Con
 }
 
 // vmHasVsock reports whether cocoon shows the VM with a vsock socket for its agent.
-func (s *Runtime) vmHasVsock(ctx context.Context, vmID string) bool {
-	vm, err := s.cocoon.VMInspect(ctx, vmID)
+func (g *guestExecutor) vmHasVsock(ctx context.Context, vmID string) bool {
+	vm, err := g.cocoon.VMInspect(ctx, vmID)
 	return err == nil && vm.VsockSocket != ""
 }
 
-func (s *Runtime) sshExec(ctx context.Context, sb *store.Sandbox, c *store.Container, argv []string, stdio streaming.ExecIO) (int, error) {
+func (g *guestExecutor) overSSH(ctx context.Context, sb *store.Sandbox, c *store.Container, argv []string, stdio streaming.ExecIO) (int, error) {
 	if sb.Network == nil || len(sb.Network.IPs) == 0 {
 		return -1, precondition("the pod has no IP to reach its guest's sshd at")
 	}
-	target, err := s.sshTarget(sb, c)
+	target, err := g.sshTarget(sb, c)
 	if err != nil {
 		return -1, err
 	}
 	return streaming.SSHExec(ctx, target, argv, stdio)
 }
 
-func (s *Runtime) sshTarget(sb *store.Sandbox, c *store.Container) (streaming.SSHTarget, error) {
-	g := s.cfg.GuestSSH
-	user, password := g.User, ""
-	if img, err := s.store.Images.Get(c.ImageID); err == nil {
+func (g *guestExecutor) sshTarget(sb *store.Sandbox, c *store.Container) (streaming.SSHTarget, error) {
+	login := g.ssh
+	user, password := login.User, ""
+	if img, err := g.store.Images.Get(c.ImageID); err == nil {
 		if u := img.Labels[labelSSHUser]; u != "" {
 			user = u
 		}
@@ -321,8 +336,8 @@ func (s *Runtime) sshTarget(sb *store.Sandbox, c *store.Container) (streaming.SS
 		}
 	}
 	var auth []ssh.AuthMethod
-	if g.KeyFile != "" {
-		key, err := os.ReadFile(g.KeyFile)
+	if login.KeyFile != "" {
+		key, err := os.ReadFile(login.KeyFile)
 		if err != nil {
 			return streaming.SSHTarget{}, fmt.Errorf("read --guest-ssh-key-file: %w", err)
 		}
@@ -336,10 +351,10 @@ func (s *Runtime) sshTarget(sb *store.Sandbox, c *store.Container) (streaming.SS
 		auth = append(auth, ssh.Password(password))
 	}
 	return streaming.SSHTarget{
-		Addr:    net.JoinHostPort(sb.Network.IPs[0], strconv.Itoa(g.Port)),
+		Addr:    net.JoinHostPort(sb.Network.IPs[0], strconv.Itoa(login.Port)),
 		User:    user,
 		Auth:    auth,
-		HostKey: s.trustOnFirstUse(c.ID),
+		HostKey: g.trustOnFirstUse(c.ID),
 	}, nil
 }
 
@@ -347,14 +362,14 @@ func (s *Runtime) sshTarget(sb *store.Sandbox, c *store.Container) (streaming.SS
 // and records it; later connections must present the same key. A guest generates its key at first
 // boot, so nothing can be known in advance; a changed key means another machine answers at the
 // pod IP, and is refused.
-func (s *Runtime) trustOnFirstUse(containerID string) ssh.HostKeyCallback {
+func (g *guestExecutor) trustOnFirstUse(containerID string) ssh.HostKeyCallback {
 	return func(_ string, _ net.Addr, key ssh.PublicKey) error {
 		presented := ssh.MarshalAuthorizedKey(key)
 		// A key already pinned is compared without a write: probes log in every few seconds.
-		if c, err := s.store.Containers.Get(containerID); err == nil && c.VM.SSHHostKey != "" {
+		if c, err := g.store.Containers.Get(containerID); err == nil && c.VM.SSHHostKey != "" {
 			return hostKeyMatches(c.VM.SSHHostKey, presented)
 		}
-		_, err := s.store.Containers.Modify(containerID, func(r *store.Container) error {
+		_, err := g.store.Containers.Modify(containerID, func(r *store.Container) error {
 			if r.VM.SSHHostKey == "" {
 				r.VM.SSHHostKey = string(presented)
 				return nil

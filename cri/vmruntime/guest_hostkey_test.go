@@ -23,12 +23,12 @@ func TestChangedGuestHostKeyIsRefused(t *testing.T) {
 	if err := st.Containers.Create(&store.Container{ID: "c1", Name: "c1"}); err != nil {
 		t.Fatal(err)
 	}
-	s := &Runtime{store: st}
+	g := &guestExecutor{store: st}
 	first, second := hostKey(t), hostKey(t)
-	if err := s.trustOnFirstUse("c1")("guest:22", nil, first); err != nil {
+	if err := g.trustOnFirstUse("c1")("guest:22", nil, first); err != nil {
 		t.Fatalf("first login: %v", err)
 	}
-	if err := s.trustOnFirstUse("c1")("guest:22", nil, first); err != nil {
+	if err := g.trustOnFirstUse("c1")("guest:22", nil, first); err != nil {
 		t.Fatalf("the pinned key again: %v", err)
 	}
 	if err := st.Close(); err != nil {
@@ -38,8 +38,8 @@ func TestChangedGuestHostKeyIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	s = &Runtime{store: st}
-	err = s.trustOnFirstUse("c1")("guest:22", nil, second)
+	g = &guestExecutor{store: st}
+	err = g.trustOnFirstUse("c1")("guest:22", nil, second)
 	if err == nil || !strings.Contains(err.Error(), "host key changed") {
 		t.Fatalf("a different key: %v, want refused", err)
 	}

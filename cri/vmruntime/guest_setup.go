@@ -28,7 +28,7 @@ func (s *Runtime) setUpGuest(ctx context.Context, sb *store.Sandbox, c *store.Co
 	log := s.log.With("container", c.ID, "vm", c.VM.Name)
 	// A cocoon that cannot be asked now is asked again below, within the budget: a passing failure
 	// must not leave the guest unconfigured for good.
-	path, _, err := s.guestExecPath(ctx, c)
+	path, _, err := s.guest.vmPath(ctx, c)
 	if err == nil && path == ExecPathNone {
 		log.Info("guest left as cocoon configured it: no way to run commands in it")
 		return
@@ -61,7 +61,7 @@ func (s *Runtime) runGuestScript(ctx context.Context, sb *store.Sandbox, c *stor
 	for {
 		// The guest's output is only reported, and a hostile guest may print without end: its tail.
 		out := &syncio.Tail{Max: guestOutputTail}
-		code, err := s.guestExec(ctx, sb, c, systemCommand("/bin/sh", "-c", script()), streaming.ExecIO{Stdout: out, Stderr: out})
+		code, err := s.guest.run(ctx, sb, c, systemCommand("/bin/sh", "-c", script()), streaming.ExecIO{Stdout: out, Stderr: out})
 		switch {
 		case err == nil && code == 0:
 			return nil
@@ -84,7 +84,7 @@ func (s *Runtime) runGuestScript(ctx context.Context, sb *store.Sandbox, c *stor
 // with the snapshot's. cocoon v0.5 tries that itself after vm clone, in the background and
 // without reporting a failure; asked again once the agent has answered, it is made sure of.
 func (s *Runtime) reseedClone(ctx context.Context, c *store.Container, log *slog.Logger) {
-	if path, _, err := s.guestExecPath(ctx, c); err != nil || path != ExecPathAgent {
+	if path, _, err := s.guest.vmPath(ctx, c); err != nil || path != ExecPathAgent {
 		return
 	}
 	if caps, err := s.cocoon.Capabilities(ctx); err != nil || !caps.ReseedMachineID {
@@ -117,7 +117,7 @@ func stepClockLine(backend string, now time.Time) string {
 // stepGuestClock steps a woken guest's clock to the host's, best effort: a failure is logged and
 // the guest keeps its clock. It waits for the guest within wakeClockTimeout at most.
 func (s *Runtime) stepGuestClock(ctx context.Context, sb *store.Sandbox, c *store.Container) {
-	if path, _, err := s.guestExecPath(ctx, c); err == nil && path == ExecPathNone {
+	if path, _, err := s.guest.vmPath(ctx, c); err == nil && path == ExecPathNone {
 		return
 	}
 	ctx, cancel := context.WithTimeout(ctx, min(s.cfg.GuestReadyTimeout, wakeClockTimeout))

@@ -146,6 +146,7 @@ type Runtime struct {
 	events   eventHub
 	cgroups  cgroups.Driver
 	stats    *statsCollector
+	guest    *guestExecutor
 
 	pullAuths pullAuths
 	// archives are the digests of checkpoint archives RestorePod has read.
@@ -201,7 +202,7 @@ func New(cfg Config, log *slog.Logger, st *store.Store, cc Cocoon, nets PodNetwo
 	if cfg.VolumeSyncInterval <= 0 {
 		cfg.VolumeSyncInterval = 2 * time.Second
 	}
-	return &Runtime{
+	s := &Runtime{
 		cfg: cfg, log: log, store: st, cocoon: cc, net: nets, images: images,
 		health:  newCocoonHealth(cc, cfg.StatusProbeInterval),
 		ios:     map[string]*containerIO{},
@@ -213,6 +214,10 @@ func New(cfg Config, log *slog.Logger, st *store.Store, cc Cocoon, nets PodNetwo
 		pools:   newWarmPools(cfg.WarmPools),
 		stats:   &statsCollector{log: log, net: nets, containersDir: images.ContainersDir, exists: func(id string) bool { return st.Containers.Has(id) }},
 	}
+	// Through s: the tests set nowFunc after New.
+	s.guest = &guestExecutor{ssh: cfg.GuestSSH, readyTimeout: cfg.GuestReadyTimeout, log: log, store: st, cocoon: cc,
+		cocoonFor: s.cocoonFor, now: func() time.Time { return s.nowFunc() }}
+	return s
 }
 
 // Shutdown closes every running container's streams (their logs are flushed) and the watches of

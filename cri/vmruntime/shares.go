@@ -87,7 +87,7 @@ func (s *Runtime) shareVolumes(ctx context.Context, sb *store.Sandbox, c *store.
 		return err
 	}
 	out := &syncio.Tail{Max: guestOutputTail}
-	code, err := s.guestExec(ctx, sb, c, systemCommand("/bin/sh", "-c", guestShareScript(shared)), streaming.ExecIO{Stdout: out, Stderr: out})
+	code, err := s.guest.run(ctx, sb, c, systemCommand("/bin/sh", "-c", guestShareScript(shared)), streaming.ExecIO{Stdout: out, Stderr: out})
 	if err == nil && code != 0 {
 		err = fmt.Errorf("the guest's mount of the share exited with %d: %s", code, strings.TrimSpace(out.String()))
 	}

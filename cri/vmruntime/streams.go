@@ -66,7 +66,7 @@ func (s *Runtime) ExecSync(ctx context.Context, req *runtimeapi.ExecSyncRequest)
 	err = s.awaitGuestSetUp(ctx, c.ID)
 	code := -1
 	if err == nil {
-		code, err = s.guestExec(ctx, sb, c, containerCommand(c.Config.Msg, req.GetCmd()), streaming.ExecIO{Stdout: stdout, Stderr: stderr})
+		code, err = s.guest.run(ctx, sb, c, containerCommand(c.Config.Msg, req.GetCmd()), streaming.ExecIO{Stdout: stdout, Stderr: stderr})
 	}
 	if errors.Is(err, context.DeadlineExceeded) && req.GetTimeout() > 0 {
 		// The command is not echoed: probe commands may carry tokens, and this reaches kubelet events.
@@ -89,7 +89,7 @@ func (s *Runtime) Exec(ctx context.Context, req *runtimeapi.ExecRequest) (*runti
 	if _, _, err := s.runningContainer(req.GetContainerId()); err != nil {
 		return nil, err
 	}
-	switch path, err := s.execPath(ctx); {
+	switch path, err := s.guest.path(ctx); {
 	case err != nil:
 		return nil, err
 	case path == ExecPathNone:
@@ -219,7 +219,7 @@ func (r streamRuntime) Exec(ctx context.Context, containerID string, cmd []strin
 	if err != nil {
 		return err
 	}
-	code, err := r.s.guestExec(ctx, sb, c, containerCommand(c.Config.Msg, cmd), streaming.ExecIO{Stdin: in, Stdout: out, Stderr: errw, TTY: tty, Resize: resize})
+	code, err := r.s.guest.run(ctx, sb, c, containerCommand(c.Config.Msg, cmd), streaming.ExecIO{Stdin: in, Stdout: out, Stderr: errw, TTY: tty, Resize: resize})
 	if err != nil {
 		return err
 	}

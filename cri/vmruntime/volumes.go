@@ -73,7 +73,7 @@ func (s *Runtime) checkVolumesCanReach(ctx context.Context, cfg *runtimeapi.Cont
 	if len(mounts) == 0 {
 		return nil
 	}
-	execPath, err := s.execPath(ctx)
+	execPath, err := s.guest.path(ctx)
 	if err != nil {
 		return err
 	}
@@ -126,7 +126,7 @@ func kubeletFileMount(cfg *runtimeapi.ContainerConfig, m *runtimeapi.Mount) bool
 // that takes commands and has a POSIX shell. A cocoon that cannot be asked now counts as able:
 // the copy then fails, and says why.
 func (s *Runtime) guestTakesCopies(ctx context.Context, c *store.Container) bool {
-	execPath, _, err := s.guestExecPath(ctx, c)
+	execPath, _, err := s.guest.vmPath(ctx, c)
 	return !c.VM.Windows && (err != nil || execPath != ExecPathNone)
 }
 
@@ -274,7 +274,7 @@ func (s *Runtime) runVolumeUpdate(ctx context.Context, sb *store.Sandbox, c *sto
 	go func() { pw.CloseWithError(u.WriteTar(pw, source, tree)) }()
 	defer pr.Close() //nolint:errcheck // lets the writer go when the guest stops reading
 	out := &syncio.Tail{Max: guestOutputTail}
-	code, err := s.guestExec(ctx, sb, c, systemCommand("/bin/sh", "-c", u.Script(v, tree.File)),
+	code, err := s.guest.run(ctx, sb, c, systemCommand("/bin/sh", "-c", u.Script(v, tree.File)),
 		streaming.ExecIO{Stdin: pr, Stdout: out, Stderr: out})
 	return code, out.String(), err
 }
