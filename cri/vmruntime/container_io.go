@@ -93,8 +93,8 @@ func (s *Runtime) runGuest(ctx context.Context, sb *store.Sandbox, c *store.Cont
 			"container", c.ID)
 	}
 	volumes := containerVolumes(c.Config.Msg, takesCopies)
-	if takesCopies && s.canShare(ctx, c) {
-		if shared, copied := splitShared(volumes); len(shared) > 0 && s.shareVolumes(ctx, sb, c, shared) == nil {
+	if takesCopies && s.shares.canShare(ctx, c) {
+		if shared, copied := splitShared(volumes); len(shared) > 0 && s.shares.share(ctx, sb, c, shared) == nil {
 			volumes = copied
 		}
 	}

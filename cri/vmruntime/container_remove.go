@@ -51,7 +51,7 @@ func (s *Runtime) removeContainer(ctx context.Context, sb *store.Sandbox, c *sto
 	if err := s.removeCgroup(ctx, sb, c, "", cgroupRemoveWait); err != nil {
 		return err
 	}
-	if err := s.releaseShare(c); err != nil {
+	if err := s.shares.release(c); err != nil {
 		return err
 	}
 	if err := s.store.Containers.Delete(c.ID); err != nil && !errors.Is(err, store.ErrNotFound) {

@@ -153,7 +153,7 @@ func (s *Runtime) makeVM(ctx context.Context, cc Cocoon, c *store.Container) (*c
 		Name: spec.Name, CPU: spec.CPU, Memory: spec.Memory, Storage: spec.Storage,
 		NICs: spec.NICs, Network: tapmanager.CocoonNetwork,
 		NoDirectIO: spec.NoDirectIO, Windows: spec.Windows, Firecracker: spec.Backend == cocoon.HypervisorFirecracker,
-		SharedMemory: s.wantsSharedMemory(ctx, c),
+		SharedMemory: s.shares.wantsSharedMemory(ctx, c),
 	})
 	if err != nil {
 		return nil, err

@@ -167,7 +167,7 @@ func (s *Runtime) recordExit(c *store.Container, st exitStatus) error {
 	s.stopIO(c.ID)
 	s.stats.forget(c.ID)
 	s.releaseCgroup(exited)
-	if err := s.releaseShare(exited); err != nil {
+	if err := s.shares.release(exited); err != nil {
 		s.log.Warn("the volumes' share of an exited VM is left on the node; removing the container retries", "container", c.ID, "err", err)
 	}
 	return nil

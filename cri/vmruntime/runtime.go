@@ -147,6 +147,7 @@ type Runtime struct {
 	cgroups  cgroups.Driver
 	stats    *statsCollector
 	guest    *guestExecutor
+	shares   *volumeShares
 
 	pullAuths pullAuths
 	// archives are the digests of checkpoint archives RestorePod has read.
@@ -217,6 +218,8 @@ func New(cfg Config, log *slog.Logger, st *store.Store, cc Cocoon, nets PodNetwo
 	// Through s: the tests set nowFunc after New.
 	s.guest = &guestExecutor{ssh: cfg.GuestSSH, readyTimeout: cfg.GuestReadyTimeout, log: log, store: st, cocoon: cc,
 		cocoonFor: s.cocoonFor, now: func() time.Time { return s.nowFunc() }}
+	s.shares = &volumeShares{virtiofsd: cfg.Virtiofsd, dir: cfg.ShareDir, log: log, store: st, locks: &s.locks,
+		cocoon: cc, cocoonFor: s.cocoonFor, guest: s.guest}
 	return s
 }
 

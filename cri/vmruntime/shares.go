@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path"
@@ -17,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/pkg/keylock"
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
 	"github.com/cocoonstack/cocoon-cri/pkg/syncio"
 	"github.com/cocoonstack/cocoon-cri/pkg/vmstats"
@@ -43,24 +45,38 @@ const (
 	virtiofsdStop = 2 * time.Second
 )
 
+// volumeShares serves containers' directory volumes to their guests over virtio-fs: each
+// container's share directory of bind mounts, its virtiofsd, the attach to the VM and the guest's
+// mounts, recorded on the container so that a stop, a removal or a restart finds them.
+type volumeShares struct {
+	virtiofsd string // the virtiofsd binary; empty: no shares
+	dir       string // where the shares' directories and sockets are
+	log       *slog.Logger
+	store     *store.Store
+	locks     *keylock.Map // the sandboxes' locks
+	cocoon    Cocoon
+	cocoonFor func(*store.Sandbox) Cocoon
+	guest     *guestExecutor
+}
+
 // canShare says whether the container's VM can take a virtio-fs share: a virtiofsd is
 // configured, cocoon has vm fs attach, the VM is cloud-hypervisor's with shared memory, and its
 // guest (not Windows) can be told to mount it.
-func (s *Runtime) canShare(ctx context.Context, c *store.Container) bool {
-	if s.cfg.Virtiofsd == "" || !c.VM.SharedMemory || c.VM.Windows || c.VM.Backend == cocoon.HypervisorFirecracker {
+func (sh *volumeShares) canShare(ctx context.Context, c *store.Container) bool {
+	if sh.virtiofsd == "" || !c.VM.SharedMemory || c.VM.Windows || c.VM.Backend == cocoon.HypervisorFirecracker {
 		return false
 	}
-	caps, err := s.cocoon.Capabilities(ctx)
+	caps, err := sh.cocoon.Capabilities(ctx)
 	return err == nil && caps.FsAttach
 }
 
 // wantsSharedMemory says whether a VM cocoon-cri creates (not a clone, which has its snapshot's
 // memory) should share its RAM, so that it can take the container's volumes as a share.
-func (s *Runtime) wantsSharedMemory(ctx context.Context, c *store.Container) bool {
-	if s.cfg.Virtiofsd == "" || c.VM.Windows || c.VM.Backend == cocoon.HypervisorFirecracker || len(c.Config.Msg.GetMounts()) == 0 {
+func (sh *volumeShares) wantsSharedMemory(ctx context.Context, c *store.Container) bool {
+	if sh.virtiofsd == "" || c.VM.Windows || c.VM.Backend == cocoon.HypervisorFirecracker || len(c.Config.Msg.GetMounts()) == 0 {
 		return false
 	}
-	caps, err := s.cocoon.Capabilities(ctx)
+	caps, err := sh.cocoon.Capabilities(ctx)
 	return err == nil && caps.FsAttach
 }
 
@@ -78,36 +94,36 @@ func splitShared(copies []*volumeCopy) (shared, copied []*volumeCopy) {
 	return shared, copied
 }
 
-// shareVolumes makes the container's share of volumes, attaches it to the VM and mounts it in the
+// share makes the container's share of volumes, attaches it to the VM and mounts it in the
 // guest. After a restart of cocoon-cri a share still served is only mounted again (idempotently).
 // On failure nothing of the share is left, and the caller copies the volumes instead.
-func (s *Runtime) shareVolumes(ctx context.Context, sb *store.Sandbox, c *store.Container, shared []*volumeCopy) error {
-	share, err := s.attachShare(ctx, sb, c, shared)
+func (sh *volumeShares) share(ctx context.Context, sb *store.Sandbox, c *store.Container, shared []*volumeCopy) error {
+	share, err := sh.attach(ctx, sb, c, shared)
 	if err != nil {
 		return err
 	}
 	out := &syncio.Tail{Max: guestOutputTail}
-	code, err := s.guest.run(ctx, sb, c, systemCommand("/bin/sh", "-c", guestShareScript(shared)), streaming.ExecIO{Stdout: out, Stderr: out})
+	code, err := sh.guest.run(ctx, sb, c, systemCommand("/bin/sh", "-c", guestShareScript(shared)), streaming.ExecIO{Stdout: out, Stderr: out})
 	if err == nil && code != 0 {
 		err = fmt.Errorf("the guest's mount of the share exited with %d: %s", code, strings.TrimSpace(out.String()))
 	}
 	if err != nil {
-		s.log.Warn("the guest did not mount the volumes' share; they are copied instead", "container", c.ID, "err", err)
-		s.dropShare(ctx, sb, c.ID)
+		sh.log.Warn("the guest did not mount the volumes' share; they are copied instead", "container", c.ID, "err", err)
+		sh.drop(ctx, sb, c.ID)
 		return err
 	}
-	s.log.Info("the container's directory volumes are shared with the guest (virtio-fs)", "container", c.ID,
+	sh.log.Info("the container's directory volumes are shared with the guest (virtio-fs)", "container", c.ID,
 		"volumes", len(shared), "virtiofsd", share.PID)
 	return nil
 }
 
-// attachShare makes the share on the node and attaches it to the VM, under the sandbox lock: a
+// attach makes the share on the node and attaches it to the VM, under the sandbox lock: a
 // stop that comes meanwhile finds the share recorded and takes it down. A share that is already
 // served (cocoon-cri restarted) is kept.
-func (s *Runtime) attachShare(ctx context.Context, sb *store.Sandbox, c *store.Container, shared []*volumeCopy) (store.Share, error) {
-	unlock := s.locks.Lock(sb.ID)
+func (sh *volumeShares) attach(ctx context.Context, sb *store.Sandbox, c *store.Container, shared []*volumeCopy) (store.Share, error) {
+	unlock := sh.locks.Lock(sb.ID)
 	defer unlock()
-	cur, err := s.store.Containers.Get(c.ID)
+	cur, err := sh.store.Containers.Get(c.ID)
 	if err != nil {
 		return store.Share{}, err
 	}
@@ -119,49 +135,49 @@ func (s *Runtime) attachShare(ctx context.Context, sb *store.Sandbox, c *store.C
 	}
 	if cur.VM.Share.Dir != "" {
 		// A share a crash cut short, or whose virtiofsd died: made anew.
-		if err := s.takeDownShare(cur.VM.Share); err != nil {
+		if err := sh.takeDown(cur.VM.Share); err != nil {
 			return store.Share{}, err
 		}
 	}
 	share := store.Share{
-		Dir:    filepath.Join(s.cfg.ShareDir, c.ID),
-		Socket: filepath.Join(s.cfg.ShareDir, c.ID[:min(len(c.ID), 16)]+".sock"),
+		Dir:    filepath.Join(sh.dir, c.ID),
+		Socket: filepath.Join(sh.dir, c.ID[:min(len(c.ID), 16)]+".sock"),
 	}
-	if err := s.recordShare(c.ID, share); err != nil {
+	if err := sh.record(c.ID, share); err != nil {
 		return store.Share{}, err
 	}
 	fail := func(err error) (store.Share, error) {
-		if downErr := s.takeDownShare(share); downErr != nil {
-			s.log.Error("a share that failed is left on the node; removing the container retries", "container", c.ID, "err", downErr)
+		if downErr := sh.takeDown(share); downErr != nil {
+			sh.log.Error("a share that failed is left on the node; removing the container retries", "container", c.ID, "err", downErr)
 			return store.Share{}, err
 		}
-		_ = s.recordShare(c.ID, store.Share{})
+		_ = sh.record(c.ID, store.Share{})
 		return store.Share{}, err
 	}
 	if share.Volumes, err = bindVolumes(share.Dir, shared); err != nil {
 		return fail(err)
 	}
-	if err := s.recordShare(c.ID, share); err != nil {
+	if err := sh.record(c.ID, share); err != nil {
 		return fail(err)
 	}
-	if share.PID, share.PIDStart, err = s.startVirtiofsd(ctx, share); err != nil {
+	if share.PID, share.PIDStart, err = sh.startVirtiofsd(ctx, share); err != nil {
 		return fail(err)
 	}
-	if err := s.recordShare(c.ID, share); err != nil {
+	if err := sh.record(c.ID, share); err != nil {
 		return fail(err)
 	}
-	if err := s.cocoonFor(sb).VMFsAttach(ctx, c.VM.ID, share.Socket, shareTag); err != nil {
+	if err := sh.cocoonFor(sb).VMFsAttach(ctx, c.VM.ID, share.Socket, shareTag); err != nil {
 		return fail(fmt.Errorf("attach the volumes' share to VM %s: %w", c.VM.ID, err))
 	}
 	share.Attached = true
-	if err := s.recordShare(c.ID, share); err != nil {
+	if err := sh.record(c.ID, share); err != nil {
 		return fail(err)
 	}
 	return share, nil
 }
 
-func (s *Runtime) recordShare(id string, share store.Share) error {
-	_, err := s.store.Containers.Modify(id, func(r *store.Container) error { r.VM.Share = share; return nil })
+func (sh *volumeShares) record(id string, share store.Share) error {
+	_, err := sh.store.Containers.Modify(id, func(r *store.Container) error { r.VM.Share = share; return nil })
 	if err != nil {
 		return fmt.Errorf("record the volumes' share: %w", err)
 	}
@@ -197,9 +213,9 @@ func bindVolumes(dir string, shared []*volumeCopy) (int, error) {
 
 // startVirtiofsd starts the share's virtiofsd in a session of its own, so that it outlives
 // cocoon-cri, and waits for its socket.
-func (s *Runtime) startVirtiofsd(ctx context.Context, share store.Share) (int, uint64, error) {
+func (sh *volumeShares) startVirtiofsd(ctx context.Context, share store.Share) (int, uint64, error) {
 	_ = os.Remove(share.Socket) // a stale socket of a virtiofsd that ended
-	cmd := exec.Command(s.cfg.Virtiofsd, "--socket-path="+share.Socket, "-o", "source="+share.Dir, "-o", "cache=none")
+	cmd := exec.Command(sh.virtiofsd, "--socket-path="+share.Socket, "-o", "source="+share.Dir, "-o", "cache=none")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		return 0, 0, fmt.Errorf("start virtiofsd: %w", err)
@@ -235,39 +251,39 @@ func virtiofsdAlive(share store.Share) bool {
 	return share.PID > 0 && virtiofsd(share).Alive(procRoot)
 }
 
-// releaseShare takes down an ended container's share, if it has one, and forgets it.
-func (s *Runtime) releaseShare(c *store.Container) error {
+// release takes down an ended container's share, if it has one, and forgets it.
+func (sh *volumeShares) release(c *store.Container) error {
 	if c.VM.Share.Dir == "" {
 		return nil
 	}
-	if err := s.takeDownShare(c.VM.Share); err != nil {
+	if err := sh.takeDown(c.VM.Share); err != nil {
 		return err
 	}
-	return s.recordShare(c.ID, store.Share{})
+	return sh.record(c.ID, store.Share{})
 }
 
-// dropShare takes down a share the guest could not use, under the sandbox lock.
-func (s *Runtime) dropShare(ctx context.Context, sb *store.Sandbox, id string) {
-	unlock := s.locks.Lock(sb.ID)
+// drop takes down a share the guest could not use, under the sandbox lock.
+func (sh *volumeShares) drop(ctx context.Context, sb *store.Sandbox, id string) {
+	unlock := sh.locks.Lock(sb.ID)
 	defer unlock()
-	c, err := s.store.Containers.Get(id)
+	c, err := sh.store.Containers.Get(id)
 	if err != nil || c.VM.Share.Dir == "" {
 		return
 	}
 	if c.VM.Share.Attached && c.State == store.ContainerRunning {
-		if err := s.cocoonFor(sb).VMFsDetach(ctx, c.VM.ID, shareTag); err != nil && !errors.Is(err, cocoon.ErrNotFound) {
-			s.log.Warn("detaching the unused share failed; it goes with the VM", "container", id, "err", err)
+		if err := sh.cocoonFor(sb).VMFsDetach(ctx, c.VM.ID, shareTag); err != nil && !errors.Is(err, cocoon.ErrNotFound) {
+			sh.log.Warn("detaching the unused share failed; it goes with the VM", "container", id, "err", err)
 		}
 	}
-	if err := s.releaseShare(c); err != nil {
-		s.log.Error("the unused share is left on the node; removing the container retries", "container", id, "err", err)
+	if err := sh.release(c); err != nil {
+		sh.log.Error("the unused share is left on the node; removing the container retries", "container", id, "err", err)
 	}
 }
 
-// takeDownShare ends the share's virtiofsd and undoes its binds. A bind that cannot be undone
+// takeDown ends the share's virtiofsd and undoes its binds. A bind that cannot be undone
 // keeps its directory, and the share's: only empty directories are removed, so no volume's files
 // are ever touched.
-func (s *Runtime) takeDownShare(share store.Share) error {
+func (sh *volumeShares) takeDown(share store.Share) error {
 	if virtiofsdAlive(share) {
 		stopProcess(virtiofsd(share))
 	}

@@ -51,7 +51,7 @@ func TestShareBindsAndTakeDown(t *testing.T) {
 		t.Fatalf("a write to the read-only bind: %v, want EROFS", err)
 	}
 
-	if err := (&Runtime{}).takeDownShare(share); err != nil {
+	if err := (&volumeShares{}).takeDown(share); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(share.Dir); !errors.Is(err, os.ErrNotExist) {
@@ -63,7 +63,7 @@ func TestShareBindsAndTakeDown(t *testing.T) {
 		}
 	}
 	// Again, as a retry after a crash would: nothing left to do, and no error.
-	if err := (&Runtime{}).takeDownShare(share); err != nil {
+	if err := (&volumeShares{}).takeDown(share); err != nil {
 		t.Fatalf("taking down a share already gone: %v", err)
 	}
 }
