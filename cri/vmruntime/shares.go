@@ -185,7 +185,7 @@ func (sh *volumeShares) record(id string, share store.Share) error {
 }
 
 // bindVolumes makes dir and binds each shared volume's host directory at dir/<i>, read-only where
-// the mount is. It returns how many binds it made, which a failure leaves for takeDownShare.
+// the mount is. It returns how many binds it made, which a failure leaves for takeDown.
 func bindVolumes(dir string, shared []*volumeCopy) (int, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return 0, fmt.Errorf("make the share %s: %w", dir, err)
