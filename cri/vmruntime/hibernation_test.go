@@ -121,7 +121,7 @@ func TestAnIdleVMHibernatesAndAnExecWakesIt(t *testing.T) {
 		t.Fatalf("a hibernated VM's stats: %v, %v", stats, err)
 	}
 	// The VM watcher knows the stop was on purpose.
-	n.s.checkRunning(ctx, mustList(t, n.cocoon))
+	n.s.watcher.checkRunning(ctx, mustList(t, n.cocoon))
 	if c := n.container(containerID); c.State != store.ContainerRunning {
 		t.Fatalf("the sweep ended a hibernated container: %+v", c)
 	}

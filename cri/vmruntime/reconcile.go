@@ -55,7 +55,7 @@ func (s *Runtime) Recover(ctx context.Context) error {
 	} else {
 		s.recoverHibernations(ctx, vms)
 		s.recoverPools(ctx, vms)
-		s.checkRunning(ctx, vms)
+		s.watcher.checkRunning(ctx, vms)
 		s.handleOrphans(ctx, vms)
 	}
 	for _, c := range s.store.Containers.List(func(c *store.Container) bool { return c.State == store.ContainerRunning }) {

@@ -148,6 +148,7 @@ type Runtime struct {
 	stats    *statsCollector
 	guest    *guestExecutor
 	shares   *volumeShares
+	watcher  *vmWatcher
 
 	pullAuths pullAuths
 	// archives are the digests of checkpoint archives RestorePod has read.
@@ -220,6 +221,8 @@ func New(cfg Config, log *slog.Logger, st *store.Store, cc Cocoon, nets PodNetwo
 		cocoonFor: s.cocoonFor, now: func() time.Time { return s.nowFunc() }}
 	s.shares = &volumeShares{virtiofsd: cfg.Virtiofsd, dir: cfg.ShareDir, log: log, store: st, locks: &s.locks,
 		cocoon: cc, cocoonFor: s.cocoonFor, guest: s.guest}
+	s.watcher = &vmWatcher{log: log, store: st, locks: &s.locks, cocoon: cc, metrics: cfg.Metrics,
+		recordExit: s.recordExit, reclaimLostVM: s.reclaimLostVM}
 	return s
 }
 

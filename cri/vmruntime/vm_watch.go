@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/pkg/keylock"
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
 	"github.com/cocoonstack/cocoon-cri/pkg/vmstats"
 	"github.com/cocoonstack/cocoon-cri/pkg/waittime"
@@ -32,24 +34,42 @@ const (
 	watchBackoffMax = time.Minute
 )
 
+// vmWatcher turns a running container EXITED when its VM ends outside cocoon-cri: it follows
+// cocoon's VM events, and sweeps every running container against cocoon's list, which covers what
+// the events missed. It looks under the sandbox's lock, so a stop or removal in flight keeps its
+// own exit status; what an ended VM means for its container is the runtime's (recordExit, and
+// reclaimLostVM for a VM cocoon lost with the pod interface in it).
+type vmWatcher struct {
+	log           *slog.Logger
+	store         *store.Store
+	locks         *keylock.Map
+	cocoon        Cocoon
+	metrics       interface{ WatcherRestarted() }
+	recordExit    func(*store.Container, exitStatus) error
+	reclaimLostVM func(*store.Sandbox, *store.Container) error
+}
+
 // WatchVMs follows cocoon's VM events until ctx ends, restarting the stream with backoff when it
 // stops, and sweeps running containers periodically. A VM that stops, crashes or disappears turns
 // its container EXITED.
-func (s *Runtime) WatchVMs(ctx context.Context) {
-	go s.sweepLoop(ctx)
+func (s *Runtime) WatchVMs(ctx context.Context) { s.watcher.watch(ctx) }
+
+// watch is WatchVMs.
+func (w *vmWatcher) watch(ctx context.Context) {
+	go w.sweepLoop(ctx)
 	backoff := watchBackoffMin
 	for {
 		started := time.Now()
-		err := s.cocoon.WatchVMs(ctx, vmWatchPoll, func(ev cocoon.VMEvent) { s.onVMEvent(ctx, ev) })
+		err := w.cocoon.WatchVMs(ctx, vmWatchPoll, func(ev cocoon.VMEvent) { w.onVMEvent(ctx, ev) })
 		if ctx.Err() != nil {
 			return
 		}
 		if time.Since(started) > watchBackoffMax {
 			backoff = watchBackoffMin
 		}
-		s.log.Warn("the VM event stream stopped; restarting it", "err", err, "in", backoff)
-		if s.cfg.Metrics != nil {
-			s.cfg.Metrics.WatcherRestarted()
+		w.log.Warn("the VM event stream stopped; restarting it", "err", err, "in", backoff)
+		if w.metrics != nil {
+			w.metrics.WatcherRestarted()
 		}
 		select {
 		case <-ctx.Done():
@@ -62,16 +82,16 @@ func (s *Runtime) WatchVMs(ctx context.Context) {
 
 // onVMEvent looks at an event without waiting for any lock: the stream must keep flowing while a
 // lifecycle RPC holds a sandbox.
-func (s *Runtime) onVMEvent(ctx context.Context, ev cocoon.VMEvent) {
+func (w *vmWatcher) onVMEvent(ctx context.Context, ev cocoon.VMEvent) {
 	if ev.Event != cocoon.VMDeleted && !vmEnded(ev.VM.State) {
 		return
 	}
-	for _, c := range s.runningContainersOf(ev.VM.ID) {
-		go s.checkVMEnded(ctx, c.SandboxID, c.ID, c.VM.ID)
+	for _, c := range w.runningContainersOf(ev.VM.ID) {
+		go w.checkVMEnded(ctx, c.SandboxID, c.ID, c.VM.ID)
 	}
 }
 
-func (s *Runtime) sweepLoop(ctx context.Context) {
+func (w *vmWatcher) sweepLoop(ctx context.Context) {
 	t := time.NewTicker(vmSweepInterval)
 	defer t.Stop()
 	for {
@@ -79,29 +99,29 @@ func (s *Runtime) sweepLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			s.sweep(ctx)
+			w.sweep(ctx)
 		}
 	}
 }
 
 // sweep checks every running container against cocoon's VM list: one cocoon call, whatever the
 // number of pods.
-func (s *Runtime) sweep(ctx context.Context) {
-	if len(s.store.Containers.List(awakeRunning)) == 0 {
+func (w *vmWatcher) sweep(ctx context.Context) {
+	if len(w.store.Containers.List(awakeRunning)) == 0 {
 		return
 	}
-	vms, err := s.cocoon.VMList(ctx)
+	vms, err := w.cocoon.VMList(ctx)
 	if err != nil {
-		s.log.Warn("checking running VMs failed", "err", err)
+		w.log.Warn("checking running VMs failed", "err", err)
 		return
 	}
-	s.checkRunning(ctx, vms)
+	w.checkRunning(ctx, vms)
 }
 
 // checkRunning records exited the running containers whose VM no longer runs according to vms (a
 // vm list). vm list shows a dead hypervisor as running, so its PID is checked here; a suspect is
 // confirmed with vm inspect before anything is recorded.
-func (s *Runtime) checkRunning(ctx context.Context, vms []cocoon.VM) {
+func (w *vmWatcher) checkRunning(ctx context.Context, vms []cocoon.VM) {
 	byID := make(map[string]cocoon.VM, len(vms))
 	for _, vm := range vms {
 		byID[vm.ID] = vm
@@ -110,13 +130,13 @@ func (s *Runtime) checkRunning(ctx context.Context, vms []cocoon.VM) {
 	// a time, after a node-wide crash too.
 	var g errgroup.Group
 	g.SetLimit(checkConcurrency)
-	for _, c := range s.store.Containers.List(awakeRunning) {
+	for _, c := range w.store.Containers.List(awakeRunning) {
 		vm, ok := byID[c.VM.ID]
 		if ok && vm.State == cocoon.VMStateRunning && hypervisorProcess(vm.PID, c.VM).Alive(procRoot) {
 			continue
 		}
 		g.Go(func() error {
-			s.checkVMEnded(ctx, c.SandboxID, c.ID, c.VM.ID)
+			w.checkVMEnded(ctx, c.SandboxID, c.ID, c.VM.ID)
 			return nil
 		})
 	}
@@ -133,31 +153,31 @@ const staleSettle = 3 * time.Second
 
 // checkVMEnded asks cocoon about a running container's VM and, if it is no longer running,
 // records the container's end. A stale VM is looked at again after staleSettle.
-func (s *Runtime) checkVMEnded(ctx context.Context, sandboxID, containerID, vmID string) {
-	if !s.checkVMEndedOnce(ctx, sandboxID, containerID, vmID, false) {
+func (w *vmWatcher) checkVMEnded(ctx context.Context, sandboxID, containerID, vmID string) {
+	if !w.checkVMEndedOnce(ctx, sandboxID, containerID, vmID, false) {
 		return
 	}
 	select {
 	case <-ctx.Done():
 	case <-time.After(staleSettle):
-		s.checkVMEndedOnce(ctx, sandboxID, containerID, vmID, true)
+		w.checkVMEndedOnce(ctx, sandboxID, containerID, vmID, true)
 	}
 }
 
 // checkVMEndedOnce is one look, under the sandbox lock so a stop or removal in flight is seen
 // through (their own exit status stands). It reports a stale VM it left for a second look.
-func (s *Runtime) checkVMEndedOnce(ctx context.Context, sandboxID, containerID, vmID string, settled bool) (again bool) {
-	unlock := s.locks.Lock(sandboxID)
+func (w *vmWatcher) checkVMEndedOnce(ctx context.Context, sandboxID, containerID, vmID string, settled bool) (again bool) {
+	unlock := w.locks.Lock(sandboxID)
 	defer unlock()
-	c, err := s.store.Containers.Get(containerID)
+	c, err := w.store.Containers.Get(containerID)
 	if err != nil || !awakeRunning(c) || c.VM.ID != vmID {
 		return false
 	}
-	sb, err := s.store.Sandboxes.Get(sandboxID)
+	sb, err := w.store.Sandboxes.Get(sandboxID)
 	if err != nil {
 		return false
 	}
-	vm, err := s.cocoon.VMInspect(ctx, vmID)
+	vm, err := w.cocoon.VMInspect(ctx, vmID)
 	// cocoon's liveness check is kill(pid, 0), which a hypervisor nobody reaped passes: it keeps
 	// calling such a VM running (docs/cocoon-contract.md section 7).
 	// Nor can it tell its hypervisor from a later process given the same PID.
@@ -175,7 +195,7 @@ func (s *Runtime) checkVMEndedOnce(ctx context.Context, sandboxID, containerID, 
 	case errors.Is(err, cocoon.ErrNotFound):
 		st = exitStatus{killedExitCode, reasonVMGone, "the VM was removed from cocoon outside cocoon-cri"}
 	case err != nil:
-		s.log.Warn("inspecting a VM that may have ended failed", "container", c.ID, "vm", vmID, "err", err)
+		w.log.Warn("inspecting a VM that may have ended failed", "container", c.ID, "vm", vmID, "err", err)
 		return false
 	case vm.State == cocoon.VMStateStopped:
 		st = exitStatus{0, reasonVMStopped, "the VM stopped outside cocoon-cri (its guest powered off, or cocoon vm stop)"}
@@ -189,15 +209,15 @@ func (s *Runtime) checkVMEndedOnce(ctx context.Context, sandboxID, containerID, 
 	// An ended VM keeps the pod interface for the kubelet's next container to take, as a stopped
 	// one does, unless cocoon lost it.
 	if errors.Is(err, cocoon.ErrNotFound) {
-		if err := s.reclaimLostVM(sb, c); err != nil {
-			s.log.Warn("taking the pod interface back from a VM cocoon lost failed", "container", c.ID, "err", err)
+		if err := w.reclaimLostVM(sb, c); err != nil {
+			w.log.Warn("taking the pod interface back from a VM cocoon lost failed", "container", c.ID, "err", err)
 		}
 	}
-	if err := s.recordExit(c, st); err != nil {
-		s.log.Error("recording the end of a VM failed", "container", c.ID, "err", err)
+	if err := w.recordExit(c, st); err != nil {
+		w.log.Error("recording the end of a VM failed", "container", c.ID, "err", err)
 		return false
 	}
-	s.log.Warn("container exited: its VM ended outside cocoon-cri", "container", c.ID, "vm", vmID, "reason", st.reason)
+	w.log.Warn("container exited: its VM ended outside cocoon-cri", "container", c.ID, "vm", vmID, "reason", st.reason)
 	return false
 }
 
@@ -212,16 +232,16 @@ func vmEnded(st cocoon.VMState) bool {
 	return st == cocoon.VMStateStopped || st == cocoon.VMStateStale || st == cocoon.VMStateError
 }
 
-func (s *Runtime) runningContainersOf(vmID string) []*store.Container {
-	return s.store.Containers.List(func(c *store.Container) bool {
+func (w *vmWatcher) runningContainersOf(vmID string) []*store.Container {
+	return w.store.Containers.List(func(c *store.Container) bool {
 		return awakeRunning(c) && c.VM.ID == vmID
 	})
 }
 
-// hypervisorProcess is the identity of the VM's hypervisorProcess, which cocoon reports at pid. While that is the
-// PID the container's start recorded, it must be that very process, told by its start time: a PID
-// is reused once its process is gone, and cocoon's own check (kill(pid, 0)) cannot tell. A
-// hypervisorProcess cocoon started anew has another PID, and no recorded start.
+// hypervisorProcess is the identity of the VM's hypervisor, which cocoon reports at pid. While that
+// is the PID the container's start recorded, it must be that very process, told by its start time:
+// a PID is reused once its process is gone, and cocoon's own check (kill(pid, 0)) cannot tell. A
+// hypervisor cocoon started anew has another PID, and no recorded start.
 func hypervisorProcess(pid int, rec store.VM) vmstats.ProcessIdentity {
 	p := vmstats.ProcessIdentity{PID: pid}
 	if pid == rec.PID {

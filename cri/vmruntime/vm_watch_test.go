@@ -3,12 +3,17 @@ package vmruntime
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/pkg/keylock"
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
 	"github.com/cocoonstack/cocoon-cri/pkg/vmstats"
 )
@@ -77,5 +82,65 @@ func TestWaitVMGone(t *testing.T) {
 	}
 	if err := waitVMGone(context.Background(), rec); err != nil {
 		t.Fatalf("a zombie hypervisor: %v", err)
+	}
+}
+
+// The watcher alone, over the fake cocoon: what it makes of a running container's VM that cocoon
+// reports stopped, removed, stale (a second look first) or running with a dead hypervisor.
+func TestVMWatcherTellsHowAVMEnded(t *testing.T) {
+	ctx := context.Background()
+	st, err := store.Open(filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if err := st.Sandboxes.Create(&store.Sandbox{ID: "pod", Name: "pod", State: store.SandboxReady}); err != nil {
+		t.Fatal(err)
+	}
+	fc := newFakeCocoon()
+	var exits []string
+	var reclaimed []string
+	w := &vmWatcher{log: slog.New(slog.DiscardHandler), store: st, locks: &keylock.Map{}, cocoon: fc,
+		recordExit: func(c *store.Container, e exitStatus) error {
+			exits = append(exits, c.ID+" "+e.reason)
+			return nil
+		},
+		reclaimLostVM: func(_ *store.Sandbox, c *store.Container) error {
+			reclaimed = append(reclaimed, c.ID)
+			return nil
+		},
+	}
+	for _, tc := range []struct {
+		name, state string
+		settled     bool
+		want        string // the exit recorded, "" for none
+		again       bool
+	}{
+		{"stopped", string(cocoon.VMStateStopped), false, "stopped VMStopped", false},
+		{"removed", "", false, "removed " + reasonVMGone, false},
+		{"stale", string(cocoon.VMStateStale), false, "", true},
+		{"stale-settled", string(cocoon.VMStateStale), true, "stale-settled VMCrashed", false},
+		{"dead-hypervisor", string(cocoon.VMStateRunning), false, "", true},
+		{"dead-hypervisor-settled", string(cocoon.VMStateRunning), true, "dead-hypervisor-settled VMCrashed", false},
+	} {
+		exits = nil
+		vm := fc.addVM(cocoon.VM{State: cocoon.VMStateRunning, PID: fakeDeadPIDs})
+		// A running VM keeps its hypervisor PID, which no process has.
+		if tc.state == "" {
+			fc.forgetVM(vm.ID)
+		} else {
+			fc.setVMState(vm.ID, cocoon.VMState(tc.state))
+		}
+		c := &store.Container{ID: tc.name, Name: tc.name, SandboxID: "pod", State: store.ContainerRunning, VM: store.VM{ID: vm.ID, PID: fakeDeadPIDs}}
+		if err := st.Containers.Create(c); err != nil {
+			t.Fatal(err)
+		}
+		again := w.checkVMEndedOnce(ctx, "pod", c.ID, vm.ID, tc.settled)
+		if got := strings.Join(exits, ","); got != tc.want || again != tc.again {
+			t.Errorf("%s: recorded %q, again %v; want %q, again %v", tc.name, got, again, tc.want, tc.again)
+		}
+	}
+	if len(reclaimed) != 1 || reclaimed[0] != "removed" {
+		t.Errorf("the pod interface was taken back from %v, want only from the VM cocoon lost", reclaimed)
 	}
 }
