@@ -63,7 +63,7 @@ func (s *Runtime) CreateContainer(ctx context.Context, req *runtimeapi.CreateCon
 	if err := s.checkDevicesCanAttach(ctx, cfg.GetDevices(), vm.Backend); err != nil {
 		return nil, err
 	}
-	if err := s.checkVolumesCanReach(ctx, cfg, vm); err != nil {
+	if err := s.volumes.checkCanReach(ctx, cfg, vm); err != nil {
 		return nil, err
 	}
 	c := &store.Container{

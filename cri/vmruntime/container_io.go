@@ -87,7 +87,7 @@ func (s *Runtime) runGuest(ctx context.Context, sb *store.Sandbox, c *store.Cont
 		// A pool VM's guest was set up at its hand-over.
 		s.setUpGuest(ctx, sb, c)
 	}
-	takesCopies := s.guestTakesCopies(ctx, c)
+	takesCopies := s.volumes.guestTakesCopies(ctx, c)
 	if !takesCopies && len(c.Config.Msg.GetMounts()) > 0 {
 		s.log.Info("the kubelet's /etc/hosts and termination log are left out: the guest takes no copies (no way into it, or Windows)",
 			"container", c.ID)
@@ -100,7 +100,7 @@ func (s *Runtime) runGuest(ctx context.Context, sb *store.Sandbox, c *store.Cont
 	}
 	err := s.linkDevices(ctx, sb, c)
 	if err == nil {
-		err = s.deliverVolumes(ctx, sb, c, volumes)
+		err = s.volumes.deliver(ctx, sb, c, volumes)
 	}
 	if err != nil {
 		// The workload must not run without its devices and volumes: the container exits with the
@@ -112,7 +112,7 @@ func (s *Runtime) runGuest(ctx context.Context, sb *store.Sandbox, c *store.Cont
 	s.log.Info("the guest has the container's devices and volumes", "container", c.ID,
 		"devices", len(c.Config.Msg.GetDevices()), "volumes", len(volumes))
 	close(cio.setUp)
-	go s.keepVolumesInStep(ctx, sb, c, volumes, s.log.With("container", c.ID, "vm", c.VM.Name))
+	go s.volumes.keepInStep(ctx, sb, c, volumes, s.log.With("container", c.ID, "vm", c.VM.Name))
 	if cio.main != nil {
 		code, err := cio.main.run(func(stdio streaming.ExecIO) (int, error) {
 			return s.guest.run(ctx, sb, c, containerCommand(c.Config.Msg, cio.main.argv), stdio)

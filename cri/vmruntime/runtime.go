@@ -149,6 +149,7 @@ type Runtime struct {
 	guest    *guestExecutor
 	shares   *volumeShares
 	watcher  *vmWatcher
+	volumes  *volumeCopier
 
 	pullAuths pullAuths
 	// archives are the digests of checkpoint archives RestorePod has read.
@@ -223,6 +224,7 @@ func New(cfg Config, log *slog.Logger, st *store.Store, cc Cocoon, nets PodNetwo
 		cocoon: cc, cocoonFor: s.cocoonFor, guest: s.guest}
 	s.watcher = &vmWatcher{log: log, store: st, locks: &s.locks, cocoon: cc, metrics: cfg.Metrics,
 		recordExit: s.recordExit, reclaimLostVM: s.reclaimLostVM}
+	s.volumes = &volumeCopier{maxBytes: cfg.VolumeMaxBytes, syncInterval: cfg.VolumeSyncInterval, log: log, store: st, guest: s.guest}
 	return s
 }
 

@@ -35,6 +35,16 @@ const guestVolumesDir = "/run/cocoon-cri/volumes"
 // maxVolumeEntries bounds the files of one container's volumes, as VolumeMaxBytes their bytes.
 const maxVolumeEntries = 10000
 
+// volumeCopier copies a container's volumes into its guest through the guest exec path, and keeps
+// the read-only directories among them in step with the host.
+type volumeCopier struct {
+	maxBytes     int64         // the bound of one container's volumes
+	syncInterval time.Duration // how often read-only directories are brought in step
+	log          *slog.Logger
+	store        *store.Store
+	guest        *guestExecutor
+}
+
 // validateMounts refuses what no copy can honour, before anything is made.
 func validateMounts(mounts []*runtimeapi.Mount) error {
 	seen := map[string]bool{}
@@ -63,21 +73,21 @@ func validateMounts(mounts []*runtimeapi.Mount) error {
 	return nil
 }
 
-// checkVolumesCanReach refuses a container whose volumes cannot be copied into its guest: no way
+// checkCanReach refuses a container whose volumes cannot be copied into its guest: no way
 // to run commands there or a Windows guest (the copy is a POSIX shell's), a host path that is
 // neither a directory nor a file, or more than the bound. Only the files the kubelet gives every
 // container are left out then, and said so: refusing them would refuse every pod. A missing host
 // path is made a directory first, as containerd does.
-func (s *Runtime) checkVolumesCanReach(ctx context.Context, cfg *runtimeapi.ContainerConfig, vm store.VM) error {
+func (vs *volumeCopier) checkCanReach(ctx context.Context, cfg *runtimeapi.ContainerConfig, vm store.VM) error {
 	mounts := cfg.GetMounts()
 	if len(mounts) == 0 {
 		return nil
 	}
-	execPath, err := s.guest.path(ctx)
+	execPath, err := vs.guest.path(ctx)
 	if err != nil {
 		return err
 	}
-	budget := s.volumeLimits()
+	budget := vs.limits()
 	for _, m := range mounts {
 		switch {
 		case (execPath == ExecPathNone || vm.Windows) && kubeletFileMount(cfg, m):
@@ -99,7 +109,7 @@ func (s *Runtime) checkVolumesCanReach(ctx context.Context, cfg *runtimeapi.Cont
 		if errors.As(err, &tooLarge) {
 			return invalid("mounts: %s: the container's volumes together hold more than %d bytes or %d files (reached at %s): "+
 				"they are copied into the guest's memory; raise --volume-max-bytes or make the volume smaller",
-				m.GetContainerPath(), s.cfg.VolumeMaxBytes, maxVolumeEntries, m.GetHostPath())
+				m.GetContainerPath(), vs.maxBytes, maxVolumeEntries, m.GetHostPath())
 		}
 		if err != nil {
 			return invalid("mounts: %s: %v", m.GetContainerPath(), err)
@@ -125,13 +135,13 @@ func kubeletFileMount(cfg *runtimeapi.ContainerConfig, m *runtimeapi.Mount) bool
 // guestTakesCopies reports whether volumes can be copied into the container's guest: a guest
 // that takes commands and has a POSIX shell. A cocoon that cannot be asked now counts as able:
 // the copy then fails, and says why.
-func (s *Runtime) guestTakesCopies(ctx context.Context, c *store.Container) bool {
-	execPath, _, err := s.guest.vmPath(ctx, c)
+func (vs *volumeCopier) guestTakesCopies(ctx context.Context, c *store.Container) bool {
+	execPath, _, err := vs.guest.vmPath(ctx, c)
 	return !c.VM.Windows && (err != nil || execPath != ExecPathNone)
 }
 
-func (s *Runtime) volumeLimits() guestvolume.Limits {
-	return guestvolume.Limits{MaxBytes: s.cfg.VolumeMaxBytes, MaxEntries: maxVolumeEntries}
+func (vs *volumeCopier) limits() guestvolume.Limits {
+	return guestvolume.Limits{MaxBytes: vs.maxBytes, MaxEntries: maxVolumeEntries}
 }
 
 // volumeSource is the host path with its links resolved (critest mounts a link to a directory);
@@ -181,19 +191,19 @@ func containerVolumes(cfg *runtimeapi.ContainerConfig, takesCopies bool) []*volu
 	return copies
 }
 
-// deliverVolumes copies every volume into the guest and binds it at its container path.
-func (s *Runtime) deliverVolumes(ctx context.Context, sb *store.Sandbox, c *store.Container, copies []*volumeCopy) error {
+// deliver copies every volume into the guest and binds it at its container path.
+func (vs *volumeCopier) deliver(ctx context.Context, sb *store.Sandbox, c *store.Container, copies []*volumeCopy) error {
 	for _, vc := range copies {
-		if err := s.syncVolume(ctx, sb, c, vc); err != nil {
+		if err := vs.sync(ctx, sb, c, vc); err != nil {
 			return fmt.Errorf("volume %s (from %s) did not reach the guest: %w", vc.mount.GetContainerPath(), vc.mount.GetHostPath(), err)
 		}
 	}
 	return nil
 }
 
-// keepVolumesInStep brings the host's changes to read-only directory volumes into the guest until
+// keepInStep brings the host's changes to read-only directory volumes into the guest until
 // ctx ends (the container stops, or cocoon-cri does).
-func (s *Runtime) keepVolumesInStep(ctx context.Context, sb *store.Sandbox, c *store.Container, copies []*volumeCopy, log *slog.Logger) {
+func (vs *volumeCopier) keepInStep(ctx context.Context, sb *store.Sandbox, c *store.Container, copies []*volumeCopy, log *slog.Logger) {
 	var synced []*volumeCopy
 	for _, vc := range copies {
 		if !vc.guest.Once {
@@ -203,7 +213,7 @@ func (s *Runtime) keepVolumesInStep(ctx context.Context, sb *store.Sandbox, c *s
 	if len(synced) == 0 {
 		return
 	}
-	tick := time.NewTicker(s.cfg.VolumeSyncInterval)
+	tick := time.NewTicker(vs.syncInterval)
 	defer tick.Stop()
 	for {
 		select {
@@ -212,11 +222,11 @@ func (s *Runtime) keepVolumesInStep(ctx context.Context, sb *store.Sandbox, c *s
 		case <-tick.C:
 		}
 		// A hibernated guest takes the change once it wakes: the sync is not a use of the pod.
-		if cur, err := s.store.Containers.Get(c.ID); err == nil && cur.VM.Hibernation.Snapshot != "" {
+		if cur, err := vs.store.Containers.Get(c.ID); err == nil && cur.VM.Hibernation.Snapshot != "" {
 			continue
 		}
 		for _, vc := range synced {
-			err := s.syncVolume(ctx, sb, c, vc)
+			err := vs.sync(ctx, sb, c, vc)
 			switch {
 			case ctx.Err() != nil:
 				return
@@ -231,14 +241,14 @@ func (s *Runtime) keepVolumesInStep(ctx context.Context, sb *store.Sandbox, c *s
 	}
 }
 
-// syncVolume brings one copy in step with the host. A guest that lost its copy (it rebooted) gets
+// sync brings one copy in step with the host. A guest that lost its copy (it rebooted) gets
 // a full one.
-func (s *Runtime) syncVolume(ctx context.Context, sb *store.Sandbox, c *store.Container, vc *volumeCopy) error {
+func (vs *volumeCopier) sync(ctx context.Context, sb *store.Sandbox, c *store.Container, vc *volumeCopy) error {
 	source, err := volumeSource(vc.mount.GetHostPath(), false)
 	if err != nil {
 		return err
 	}
-	next, err := guestvolume.Scan(source, s.volumeLimits())
+	next, err := guestvolume.Scan(source, vs.limits())
 	if err != nil {
 		return err
 	}
@@ -247,7 +257,7 @@ func (s *Runtime) syncVolume(ctx context.Context, sb *store.Sandbox, c *store.Co
 		if u.Empty() {
 			return nil
 		}
-		code, out, err := s.runVolumeUpdate(ctx, sb, c, u, vc.guest, source, next)
+		code, out, err := vs.runUpdate(ctx, sb, c, u, vc.guest, source, next)
 		switch {
 		case err != nil:
 			return err
@@ -258,7 +268,7 @@ func (s *Runtime) syncVolume(ctx context.Context, sb *store.Sandbox, c *store.Co
 			return fmt.Errorf("the guest's copy command exited with %d: %s", code, strings.TrimSpace(out))
 		}
 		if len(next.Skipped) > 0 {
-			s.log.Warn("volume entries left out of the guest: only directories, files and links can be copied",
+			vs.log.Warn("volume entries left out of the guest: only directories, files and links can be copied",
 				"container", c.ID, "volume", vc.mount.GetContainerPath(), "skipped", next.Skipped)
 		}
 		vc.last = &next
@@ -267,14 +277,14 @@ func (s *Runtime) syncVolume(ctx context.Context, sb *store.Sandbox, c *store.Co
 	return errors.New("the guest lost its copy twice in a row")
 }
 
-// runVolumeUpdate runs the update's script in the guest with its tar stream on stdin.
-func (s *Runtime) runVolumeUpdate(ctx context.Context, sb *store.Sandbox, c *store.Container, u guestvolume.Update,
+// runUpdate runs the update's script in the guest with its tar stream on stdin.
+func (vs *volumeCopier) runUpdate(ctx context.Context, sb *store.Sandbox, c *store.Container, u guestvolume.Update,
 	v guestvolume.Volume, source string, tree guestvolume.Tree) (int, string, error) {
 	pr, pw := io.Pipe()
 	go func() { pw.CloseWithError(u.WriteTar(pw, source, tree)) }()
 	defer pr.Close() //nolint:errcheck // lets the writer go when the guest stops reading
 	out := &syncio.Tail{Max: guestOutputTail}
-	code, err := s.guest.run(ctx, sb, c, systemCommand("/bin/sh", "-c", u.Script(v, tree.File)),
+	code, err := vs.guest.run(ctx, sb, c, systemCommand("/bin/sh", "-c", u.Script(v, tree.File)),
 		streaming.ExecIO{Stdin: pr, Stdout: out, Stderr: out})
 	return code, out.String(), err
 }

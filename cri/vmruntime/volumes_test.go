@@ -1,10 +1,19 @@
 package vmruntime
 
 import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cocoonstack/cocoon-cri/cri/grpcerr"
+	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/pkg/store"
 
 	"google.golang.org/grpc/codes"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -85,5 +94,45 @@ func TestKubeletFilesAreLeftOutOfGuestsWithoutCopies(t *testing.T) {
 	}
 	if got := len(containerVolumes(cfg, true)); got != 4 {
 		t.Fatalf("a guest that takes copies gets %d volumes, want all 4", got)
+	}
+}
+
+// The copier alone, over the fake cocoon's agent: a volume reaches the guest as a script with a
+// tar stream on its stdin; a sync with nothing changed runs nothing; a change on the host is sent.
+func TestVolumeCopierSendsWhatChanged(t *testing.T) {
+	ctx := context.Background()
+	fc := newFakeCocoon()
+	fc.setCaps(capsV05)
+	var sent []string // per exec: the script's target and the bytes on stdin
+	fc.setGuest(func(_ context.Context, _ cocoon.VM, argv []string, o cocoon.ExecOptions) (int, error) {
+		data, err := io.ReadAll(o.Stdin)
+		if err != nil {
+			return -1, err
+		}
+		sent = append(sent, fmt.Sprintf("%v %d", strings.Contains(argv[len(argv)-1], "/etc/config"), len(data)))
+		return 0, nil
+	})
+	g, c := newGuestExecutor(t, fc, GuestSSH{}, fc.addVM(cocoon.VM{State: cocoon.VMStateRunning, VsockSocket: "/run/vsock"}))
+	vs := &volumeCopier{maxBytes: 1 << 20, syncInterval: time.Hour, log: slog.New(slog.DiscardHandler), store: g.store, guest: g}
+	host := t.TempDir()
+	if err := os.WriteFile(filepath.Join(host, "key"), []byte("one"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	copies := containerVolumes(&runtimeapi.ContainerConfig{Mounts: []*runtimeapi.Mount{{ContainerPath: "/etc/config", HostPath: host, Readonly: true}}}, true)
+	sb := &store.Sandbox{ID: "pod"}
+	if err := vs.deliver(ctx, sb, c, copies); err != nil {
+		t.Fatal(err)
+	}
+	if len(sent) != 1 || !strings.HasPrefix(sent[0], "true ") || sent[0] == "true 0" {
+		t.Fatalf("the first copy sent %q, want one script for /etc/config with a tar stream", sent)
+	}
+	if err := vs.sync(ctx, sb, c, copies[0]); err != nil || len(sent) != 1 {
+		t.Fatalf("a sync with nothing changed: %v, sent %q", err, sent)
+	}
+	if err := os.WriteFile(filepath.Join(host, "key"), []byte("two, longer"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := vs.sync(ctx, sb, c, copies[0]); err != nil || len(sent) != 2 {
+		t.Fatalf("a sync after a change: %v, sent %q", err, sent)
 	}
 }
