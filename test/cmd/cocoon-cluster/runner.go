@@ -32,16 +32,7 @@ func newRunner(w io.Writer) *runner {
 // failed, on the way or in a cleanup. The harness calls Fatal only from the goroutine it was
 // called on, as testing requires of FailNow.
 func (r *runner) run(work func()) int {
-	func() {
-		defer func() {
-			if p := recover(); p != nil {
-				if _, ok := p.(failNow); !ok {
-					r.Errorf("panic: %v\n%s", p, debug.Stack())
-				}
-			}
-		}()
-		work()
-	}()
+	r.guard("", work)
 	r.runCleanups()
 	if r.Failed() {
 		return 1
@@ -55,17 +46,20 @@ func (r *runner) runCleanups() {
 	r.cleanups = nil
 	r.mu.Unlock()
 	for _, fn := range slices.Backward(cleanups) {
-		func() {
-			defer func() {
-				if p := recover(); p != nil {
-					if _, ok := p.(failNow); !ok {
-						r.Errorf("panic in a cleanup: %v\n%s", p, debug.Stack())
-					}
-				}
-			}()
-			fn()
-		}()
+		r.guard(" in a cleanup", fn)
 	}
+}
+
+// guard runs fn; a Fatal in it ends only fn, and any other panic is a failure of the run.
+func (r *runner) guard(where string, fn func()) {
+	defer func() {
+		if p := recover(); p != nil {
+			if _, ok := p.(failNow); !ok {
+				r.Errorf("panic%s: %v\n%s", where, p, debug.Stack())
+			}
+		}
+	}()
+	fn()
 }
 
 func (r *runner) Helper() {}
