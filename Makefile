@@ -3,7 +3,7 @@
 
 GO        ?= go
 BIN       := $(CURDIR)/bin
-VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo 0.1.0-dev)
+VERSION   ?= $(shell ./hack/version.sh)
 LDFLAGS   := -X main.version=$(VERSION)
 
 # Where `make install` puts things (GNU conventions: DESTDIR is a staging root, PREFIX the tree

@@ -16,7 +16,7 @@ COCOON_CRI_BIN="$PWD/bin" COCOON_CRI_BENCH_DIR="$out" go test -count=1 -timeout 
 
 doc=docs/performance.md
 # Before the doc is opened for writing: its truncation would mark the tree dirty.
-version=$(git describe --tags --always --dirty 2>/dev/null)
+version=$(./hack/version.sh)
 {
   echo "# Performance"
   echo

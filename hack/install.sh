@@ -67,7 +67,7 @@ config_file() {
 }
 
 release() {
-	: "${VERSION:?VERSION is unset (make release sets it from git describe)}"
+	: "${VERSION:?VERSION is unset (make release sets it from hack/version.sh)}"
 	: "${ARCH:?ARCH is unset (make release sets it from go env GOARCH)}"
 	local dist=${DIST:-$BIN/release}
 	local name=cocoon-cri-$VERSION-linux-$ARCH.tar.gz
