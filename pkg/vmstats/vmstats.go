@@ -391,8 +391,75 @@ func AllocatedBytes(path string) (uint64, error) {
 }
 
 // Tree is process pid and its descendants, parents before their children. A process that exits
-// during the walk is left out.
+// during the walk is left out. It asks the kernel for each thread's children
+// (/proc/PID/task/TID/children) where the kernel lists them (CONFIG_PROC_CHILDREN, which CRIU
+// needs, so the usual distributions' kernels); elsewhere it reads the parent of every process on
+// the node, which costs about 12 µs a process (1.4 ms on a quiet node of 120).
 func Tree(procRoot string, pid int) ([]int, error) {
+	var tree []int
+	for queue := []int{pid}; len(queue) > 0; queue = queue[1:] {
+		children, err := childrenOf(procRoot, queue[0])
+		switch {
+		case errors.Is(err, errNoChildrenFiles):
+			return treeByParents(procRoot, pid)
+		case errors.Is(err, ErrGone):
+			continue
+		case err != nil:
+			return nil, err
+		}
+		tree = append(tree, queue[0])
+		queue = append(queue, children...)
+	}
+	if len(tree) == 0 {
+		tree = []int{pid} // as the walk of parents gives it
+	}
+	return tree, nil
+}
+
+// errNoChildrenFiles says that the kernel does not list a process's children.
+var errNoChildrenFiles = errors.New("the kernel lists no children in /proc")
+
+// childrenOf is what the threads of process pid started, from their children files; ErrGone if
+// the process ended.
+func childrenOf(procRoot string, pid int) ([]int, error) {
+	procDir := filepath.Join(procRoot, strconv.Itoa(pid))
+	tasks, err := os.ReadDir(filepath.Join(procDir, "task"))
+	if errors.Is(err, os.ErrNotExist) {
+		if _, statErr := os.Stat(procDir); statErr == nil {
+			return nil, errNoChildrenFiles // a process without threads listed
+		}
+		return nil, ErrGone
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list threads of %d: %w", pid, err)
+	}
+	var children []int
+	for _, task := range tasks {
+		taskDir := filepath.Join(procDir, "task", task.Name())
+		data, err := os.ReadFile(filepath.Join(taskDir, "children"))
+		if errors.Is(err, os.ErrNotExist) {
+			if _, statErr := os.Stat(taskDir); statErr == nil {
+				return nil, errNoChildrenFiles
+			}
+			continue // the thread ended meanwhile
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read children of %d/%s: %w", pid, task.Name(), err)
+		}
+		for field := range strings.FieldsSeq(string(data)) {
+			child, err := strconv.Atoi(field)
+			if err != nil {
+				return nil, fmt.Errorf("children of %d/%s: %q", pid, task.Name(), field)
+			}
+			children = append(children, child)
+		}
+	}
+	return children, nil
+}
+
+// treeByParents is Tree where the kernel lists no children: every process's parent, read from
+// its stat.
+func treeByParents(procRoot string, pid int) ([]int, error) {
 	entries, err := os.ReadDir(procRoot)
 	if err != nil {
 		return nil, fmt.Errorf("list processes: %w", err)

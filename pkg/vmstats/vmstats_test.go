@@ -214,6 +214,7 @@ func TestReadsThisProcess(t *testing.T) {
 	}
 }
 
+// TestTreeOrder: where the kernel lists no children, every process's parent gives the tree.
 func TestTreeOrder(t *testing.T) {
 	root := t.TempDir()
 	for pid, ppid := range map[string]string{"10": "1", "11": "10", "12": "11", "13": "10", "20": "1"} {
@@ -232,6 +233,40 @@ func TestTreeOrder(t *testing.T) {
 	slices.Sort(tree[1:3])
 	if !slices.Equal(tree, []int{10, 11, 13, 12}) {
 		t.Fatalf("Tree = %v, want 10, then 11 and 13, then 12", tree)
+	}
+}
+
+// TestTreeFromChildrenFiles: where the kernel lists children per thread, the tree follows them,
+// through every thread, and leaves out a process that ended during the walk.
+func TestTreeFromChildrenFiles(t *testing.T) {
+	root := t.TempDir()
+	children := map[string]string{ // PID/task/TID: its children
+		"10/task/10": "11 ", "10/task/14": "13 99 ", "11/task/11": "12 ", "12/task/12": "", "13/task/13": "",
+	}
+	for task, list := range children {
+		if err := os.MkdirAll(filepath.Join(root, task), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, task, "children"), []byte(list), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// No stat anywhere: a walk of every process's parent would find nothing.
+	tree, err := Tree(root, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(tree[1:3])
+	if !slices.Equal(tree, []int{10, 11, 13, 12}) {
+		t.Fatalf("Tree = %v, want 10, then 11 and 13, then 12 (99 is gone)", tree)
+	}
+}
+
+func BenchmarkTree(b *testing.B) {
+	for b.Loop() {
+		if _, err := Tree("/proc", os.Getpid()); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
 
