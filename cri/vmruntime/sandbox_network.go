@@ -66,7 +66,7 @@ func (s *Runtime) attachSandbox(ctx context.Context, sb *store.Sandbox, list *li
 }
 
 // detachSandbox runs the cluster's CNI DEL once: it releases the pod's IP and whatever the plugins
-// set up for it (host ports, the veth).
+// set up for it (host ports, the veth). A ready sandbox is recorded stopped with it.
 func (s *Runtime) detachSandbox(ctx context.Context, sb *store.Sandbox) error {
 	if sb.Network == nil || sb.Network.Released {
 		return nil
@@ -82,14 +82,18 @@ func (s *Runtime) detachSandbox(ctx context.Context, sb *store.Sandbox) error {
 	if err := s.net.Del(ctx, sb.Network.ConfList, podForCNI(sb)); err != nil {
 		return err
 	}
-	_, err := s.store.Sandboxes.Modify(sb.ID, func(r *store.Sandbox) error {
+	// A ready sandbox without its network is stopped: one commit says both.
+	released, err := s.store.Sandboxes.Modify(sb.ID, func(r *store.Sandbox) error {
 		r.Network.Released, r.Network.IPs = true, nil
+		if r.State == store.SandboxReady {
+			r.State = store.SandboxNotReady
+		}
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("record network released: %w", err)
 	}
-	sb.Network.Released = true
+	sb.Network.Released, sb.State = true, released.State
 	return nil
 }
 

@@ -22,6 +22,7 @@ func (s *Runtime) StopPodSandbox(ctx context.Context, req *runtimeapi.StopPodSan
 	}
 	defer unlock()
 
+	wasStopped := sb.State == store.SandboxNotReady
 	for _, c := range s.sandboxContainers(sb.ID) {
 		if c.State != store.ContainerRunning {
 			continue
@@ -30,6 +31,7 @@ func (s *Runtime) StopPodSandbox(ctx context.Context, req *runtimeapi.StopPodSan
 			return nil, fmt.Errorf("stop container %s: %w", c.ID, err)
 		}
 	}
+	// Releasing the network records a ready sandbox stopped as well.
 	if err := s.detachSandbox(ctx, sb); err != nil {
 		return nil, err
 	}
@@ -40,6 +42,8 @@ func (s *Runtime) StopPodSandbox(ctx context.Context, req *runtimeapi.StopPodSan
 		}); err != nil {
 			return nil, fmt.Errorf("record sandbox stopped: %w", err)
 		}
+	}
+	if !wasStopped {
 		s.log.Info("sandbox stopped", "sandbox", sb.ID)
 	}
 	return &runtimeapi.StopPodSandboxResponse{}, nil
