@@ -55,6 +55,8 @@ type warmPools struct {
 	// starts counts StartContainers in flight: the fill waits for them, so that it never takes
 	// cocoon from a pod being started.
 	starts atomic.Int32
+	// primed are the primed shells of the VMs next in line, by pool VM name.
+	primed map[string]*primedShell
 }
 
 // warmPool is one configured reference's pool.
@@ -77,7 +79,7 @@ type WarmPoolInfo struct {
 }
 
 func newWarmPools(wanted map[string]int) *warmPools {
-	p := &warmPools{pools: map[string]*warmPool{}, kick: make(chan struct{}, 1)}
+	p := &warmPools{pools: map[string]*warmPool{}, kick: make(chan struct{}, 1), primed: map[string]*primedShell{}}
 	for ref, n := range wanted {
 		if n > 0 {
 			p.pools[ref] = &warmPool{ref: ref, wanted: n}
@@ -113,7 +115,10 @@ func (s *Runtime) RunWarmPools(ctx context.Context) {
 	tick := time.NewTicker(poolTick)
 	defer tick.Stop()
 	for {
+		// The VMs next in line are primed before the pools are filled, which takes a while.
+		s.primePools(ctx)
 		s.fillPools(ctx)
+		s.primePools(ctx)
 		select {
 		case <-ctx.Done():
 			return
@@ -322,6 +327,7 @@ var guestNICName = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,15}$`)
 // cgroup and its record. Failures are logged; the next start's reconcile finds what is left.
 func (s *Runtime) discardPoolVM(ctx context.Context, pv *store.PoolVM, sb *store.Sandbox) {
 	log := s.log.With("vm", pv.Name, "image", pv.Ref)
+	s.pools.closePrimed(pv.Name)
 	cc := s.cocoon.WithNetwork(s.net.CocoonConfDir(poolNetID(pv.Name)), s.net.PluginDir(), nil)
 	if sb != nil {
 		cc = s.cocoonFor(sb)
@@ -347,9 +353,10 @@ func (s *Runtime) discardPoolVM(ctx context.Context, pv *store.PoolVM, sb *store
 	}
 }
 
-// claimPoolVM takes a ready pool VM for container c if its image has a pool and c's VM would be the
-// same as the pool's; a pooled image without one is a miss, counted. Nil: clone.
-func (s *Runtime) claimPoolVM(c *store.Container) *store.PoolVM {
+// claimPoolVM takes a ready pool VM for container c, with its primed shell if it has one, if its
+// image has a pool and c's VM would be the same as the pool's; a pooled image without one is a
+// miss, counted. Nil: clone.
+func (s *Runtime) claimPoolVM(c *store.Container) (*store.PoolVM, *primedShell) {
 	p := s.pools
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -368,7 +375,7 @@ func (s *Runtime) claimPoolVM(c *store.Container) *store.PoolVM {
 		}
 	}
 	if wp == nil {
-		return nil
+		return nil, nil
 	}
 	defer p.wake()
 	for len(wp.ready) > 0 {
@@ -382,13 +389,13 @@ func (s *Runtime) claimPoolVM(c *store.Container) *store.PoolVM {
 			wp.ready = append([]string{name}, wp.ready...)
 			break
 		}
-		return pv
+		return pv, p.takePrimed(name)
 	}
 	if s.cfg.Metrics != nil {
 		s.cfg.Metrics.PoolMissed(wp.ref)
 	}
 	s.log.Info("no warm pool VM for the container; cloning", "container", c.ID, "image", wp.ref)
-	return nil
+	return nil, nil
 }
 
 // fitsPoolVM says whether a container planned to get VM want can take a pool VM made as pool.
@@ -403,7 +410,7 @@ func fitsPoolVM(want, pool store.VM) bool {
 // handOver gives pool VM pv to container c of sandbox sb: recorded as the container's, the pod
 // interface in the placeholder's place, the guest given the pod's address, MAC, hostname and
 // resolvers. The pool's network goes; its cgroup is the caller's to replace.
-func (s *Runtime) handOver(ctx context.Context, sb *store.Sandbox, c *store.Container, pv *store.PoolVM) (launched, error) {
+func (s *Runtime) handOver(ctx context.Context, sb *store.Sandbox, c *store.Container, pv *store.PoolVM, ps *primedShell) (launched, error) {
 	l := launchedOf(pv.Spec)
 	began := time.Now()
 	taken, err := s.store.Containers.Modify(c.ID, func(r *store.Container) error {
@@ -429,7 +436,7 @@ func (s *Runtime) handOver(ctx context.Context, sb *store.Sandbox, c *store.Cont
 	}()
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.GuestReadyTimeout)
 	defer cancel()
-	guestErr := s.configureGuest(ctx, sb, taken)
+	guestErr := s.configurePoolGuest(ctx, sb, taken, ps)
 	guestDone := time.Since(recorded)
 	if err := <-networkDone; err != nil {
 		return l, fmt.Errorf("hand the pod interface to the pool VM: %w", err)
@@ -449,12 +456,15 @@ func (s *Runtime) handOver(ctx context.Context, sb *store.Sandbox, c *store.Cont
 // takePoolVM runs a pool VM for c where one fits: on a failed hand-over the VM is removed, never
 // reused, and the container's record is as before, for a clone.
 func (s *Runtime) takePoolVM(ctx context.Context, sb *store.Sandbox, c *store.Container) (launched, *store.PoolVM, bool) {
-	pv := s.claimPoolVM(c)
+	pv, ps := s.claimPoolVM(c)
 	if pv == nil {
 		return launched{}, nil, false
 	}
+	if ps != nil {
+		defer ps.close() // once it has run the set-up, or did not
+	}
 	start := time.Now()
-	l, err := s.handOver(ctx, sb, c, pv)
+	l, err := s.handOver(ctx, sb, c, pv, ps)
 	if err == nil {
 		if s.cfg.Metrics != nil {
 			s.cfg.Metrics.PoolHandedOver(pv.Ref, time.Since(start))

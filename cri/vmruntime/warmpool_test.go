@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -28,9 +30,18 @@ func poolNode(t *testing.T, size int) (*fakeNode, *fakeObserver) {
 }
 
 // poolGuest is a guest with one NIC, eth0, which the pool's probe finds; every command is also
-// given to also, when set.
+// given to also, when set. A primed shell reads its script to the end of its input, as a shell
+// would, and runs it.
 func poolGuest(also fakeGuest) fakeGuest {
-	return func(ctx context.Context, vm cocoon.VM, argv []string, o cocoon.ExecOptions) (int, error) {
+	var guest fakeGuest
+	guest = func(ctx context.Context, vm cocoon.VM, argv []string, o cocoon.ExecOptions) (int, error) {
+		if slices.Equal(argv, primedCommand) && o.Stdin != nil {
+			script, err := readUntilDone(ctx, o.Stdin)
+			if err != nil {
+				return -1, err
+			}
+			return guest(ctx, vm, []string{"/bin/sh", "-c", script}, cocoon.ExecOptions{Stdout: o.Stdout, Stderr: o.Stderr})
+		}
 		if len(argv) == 3 && strings.Contains(argv[2], "/sys/class/net") && !strings.Contains(argv[2], "ip addr") && o.Stdout != nil {
 			if _, err := o.Stdout.Write([]byte("eth0\n")); err != nil {
 				return -1, err
@@ -40,6 +51,22 @@ func poolGuest(also fakeGuest) fakeGuest {
 			return also(ctx, vm, argv, o)
 		}
 		return 0, nil
+	}
+	return guest
+}
+
+// readUntilDone reads r to its end, unless ctx ends first (cocoon killed: the session is cut).
+func readUntilDone(ctx context.Context, r io.Reader) (string, error) {
+	read := make(chan string, 1)
+	go func() {
+		data, _ := io.ReadAll(r)
+		read <- string(data)
+	}()
+	select {
+	case data := <-read:
+		return data, nil
+	case <-ctx.Done():
+		return "", ctx.Err()
 	}
 }
 
@@ -343,5 +370,93 @@ func TestAFailedFillLeavesNothing(t *testing.T) {
 	n.s.fillPools(context.Background())
 	if got := n.poolInfo(); got[0].Ready != 1 {
 		t.Fatalf("the next fill: %+v", got)
+	}
+}
+
+// The next VMs in a pool's line hold a primed shell, which takes the hand-over's set-up: no vm
+// exec is started for it. A shell that ended meanwhile leaves the set-up to a vm exec of its own,
+// and a VM that leaves the pool takes its shell with it.
+func TestPrimedShellsTakeTheHandOver(t *testing.T) {
+	n, _ := poolNode(t, 3)
+	ctx := t.Context()
+	var mu sync.Mutex
+	setUps := map[string]int{} // by VM name, the set-up scripts it ran
+	n.cocoon.setGuest(poolGuest(func(_ context.Context, vm cocoon.VM, argv []string, _ cocoon.ExecOptions) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(argv) == 3 && strings.Contains(argv[2], "/proc/sys/kernel/hostname") {
+			setUps[vm.Config.Name]++
+		}
+		return 0, nil
+	}))
+	n.s.fillPools(ctx)
+	n.s.primePools(ctx)
+	primed := func() []string {
+		n.s.pools.mu.Lock()
+		defer n.s.pools.mu.Unlock()
+		return slices.Sorted(maps.Keys(n.s.pools.primed))
+	}
+	n.s.pools.mu.Lock()
+	line := slices.Clone(n.s.pools.pools[snapshotRef].ready)
+	n.s.pools.mu.Unlock()
+	if got := primed(); len(line) != 3 || !slices.Equal(got, slices.Sorted(slices.Values(line[:2]))) {
+		t.Fatalf("primed %q, want the first two of the line %q", got, line)
+	}
+	execsOf := func(vm string) int {
+		pv, _ := n.cocoon.vm(vm)
+		return len(slices.DeleteFunc(n.cocoon.calls("VMExec"), func(c string) bool { return !strings.Contains(c, " "+pv.ID+" ") }))
+	}
+
+	_, first := n.runningPod("first")
+	c := n.container(first)
+	mu.Lock()
+	took := setUps[line[0]]
+	mu.Unlock()
+	if c.VM.Name != line[0] || took != 1 {
+		t.Fatalf("container VM %s ran %d set-ups, want %s with one", c.VM.Name, took, line[0])
+	}
+	// The pool's probe, and the primed shell.
+	if execs := execsOf(line[0]); execs != 2 {
+		t.Errorf("VM %s had %d vm execs, want 2, the pool's probe and the primed shell, which took the set-up: %q", line[0], execs, n.cocoon.calls("VMExec"))
+	}
+	n.s.primePools(ctx)
+	if got := primed(); !slices.Equal(got, slices.Sorted(slices.Values(line[1:]))) {
+		t.Fatalf("primed after a hand-over %q, want the rest of the line %q", got, line[1:])
+	}
+
+	// A shell whose session ended: the set-up takes a vm exec.
+	n.s.pools.mu.Lock()
+	cut := n.s.pools.primed[line[1]]
+	n.s.pools.mu.Unlock()
+	cut.cancel()
+	<-cut.done
+	_, second := n.runningPod("second")
+	mu.Lock()
+	took = setUps[line[1]]
+	mu.Unlock()
+	if c := n.container(second); c.VM.Name != line[1] || took != 1 || c.State != store.ContainerRunning {
+		t.Fatalf("container %+v ran %d set-ups, want %s running with one", c.VM, took, line[1])
+	}
+	if execs := execsOf(line[1]); execs != 3 {
+		t.Errorf("VM %s had %d vm execs, want 3: the probe, the primed shell that ended, and the set-up's own", line[1], execs)
+	}
+
+	// A VM leaving the pool ends its shell.
+	n.s.primePools(ctx)
+	n.s.pools.mu.Lock()
+	last := n.s.pools.primed[line[2]]
+	n.s.pools.mu.Unlock()
+	pv, err := n.st.PoolVMs.Get(line[2])
+	if last == nil || err != nil {
+		t.Fatalf("the last VM in line %s has no primed shell (%v)", line[2], err)
+	}
+	n.s.discardPoolVM(ctx, pv, nil)
+	select {
+	case <-last.done:
+	default:
+		t.Fatal("the primed shell of a removed pool VM still runs")
+	}
+	if got := primed(); slices.Contains(got, line[2]) {
+		t.Fatalf("primed %q still names the removed VM", got)
 	}
 }
