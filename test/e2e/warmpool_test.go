@@ -13,6 +13,7 @@ import (
 	"github.com/cocoonstack/cocoon-cri/cri/vmruntime"
 	"github.com/cocoonstack/cocoon-cri/pkg/faultpoint"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
+	"github.com/cocoonstack/cocoon-cri/test/harness"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
 )
 
@@ -244,5 +245,17 @@ func TestCrashInAWarmPoolHandOver(t *testing.T) {
 	}
 	if left := n.leftovers(); len(left) != 0 {
 		t.Fatalf("left behind after a restart without the pool: %v", left)
+	}
+	// The primed shells of the daemons killed above end once their input closes with the daemon.
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		execs := harness.ProcessesWhose(func(cmdline string) bool {
+			return strings.Contains(cmdline, n.RootDir) && strings.Contains(cmdline, "vm\x00exec")
+		})
+		if len(execs) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("cocoon vm exec processes %v outlived the daemons that started them", execs)
+		}
 	}
 }
