@@ -421,12 +421,17 @@ func (s *Runtime) handOver(ctx context.Context, sb *store.Sandbox, c *store.Cont
 		return l, fmt.Errorf("record the pool VM as the container's: %w", err)
 	}
 	faultpoint.Hit(faultpoint.HandOverClaimed)
-	if err := s.store.PoolVMs.Delete(pv.Name); err != nil {
-		return l, fmt.Errorf("take the pool VM out of its pool: %w", err)
-	}
-	faultpoint.Hit(faultpoint.HandOverTaken)
 	recorded := time.Now()
-	// The host's side and the guest's are independent: both are done before the answer, at once.
+	// Once the VM is the container's, the pool's record, the host's side and the guest's are
+	// independent: all three are done before the answer, at once.
+	untaken := make(chan error, 1)
+	go func() {
+		err := s.store.PoolVMs.Delete(pv.Name)
+		if err == nil {
+			faultpoint.Hit(faultpoint.HandOverTaken)
+		}
+		untaken <- err
+	}()
 	var wired time.Duration
 	networkDone := make(chan error, 1)
 	go func() {
@@ -438,6 +443,10 @@ func (s *Runtime) handOver(ctx context.Context, sb *store.Sandbox, c *store.Cont
 	defer cancel()
 	guestErr := s.configurePoolGuest(ctx, sb, taken, ps)
 	guestDone := time.Since(recorded)
+	if err := <-untaken; err != nil {
+		<-networkDone
+		return l, fmt.Errorf("take the pool VM out of its pool: %w", err)
+	}
 	if err := <-networkDone; err != nil {
 		return l, fmt.Errorf("hand the pod interface to the pool VM: %w", err)
 	}
@@ -445,7 +454,7 @@ func (s *Runtime) handOver(ctx context.Context, sb *store.Sandbox, c *store.Cont
 		return l, guestErr
 	}
 	faultpoint.Hit(faultpoint.HandOverGuestSetUp)
-	s.log.Debug("warm pool VM handed over", "container", c.ID, "vm", pv.Name, "record", recorded.Sub(began),
+	s.log.Debug("warm pool VM handed over", "container", c.ID, "vm", pv.Name, "claim", recorded.Sub(began),
 		"network", wired, "guest", guestDone)
 	if err := s.net.RemovePoolVM(poolNetID(pv.Name)); err != nil {
 		s.log.Warn("the placeholder network of a handed-over pool VM is left; the next start removes it", "vm", pv.Name, "err", err)

@@ -29,9 +29,9 @@ const (
 	SandboxCocoonReady  = "RunPodSandbox/cocoon-config-written"
 )
 
-// Named points of a warm pool hand-over in StartContainer (docs/warm-pool.md), in the order it
-// passes them; tapmanager's HandOver passes "placeholder set aside" and "pod interface handed
-// over" between the second and the third.
+// Named points of a warm pool hand-over in StartContainer (docs/warm-pool.md). It passes the first,
+// then the second beside tapmanager's HandOver, which passes "placeholder set aside" and "pod
+// interface handed over", and the third once both are done.
 const (
 	HandOverClaimed    = "StartContainer/pool-vm-claimed"
 	HandOverTaken      = "StartContainer/pool-vm-taken"
