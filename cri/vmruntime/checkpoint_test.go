@@ -432,7 +432,8 @@ func TestCheckpointAndRestoreAPod(t *testing.T) {
 		t.Errorf("imports %q", calls)
 	}
 
-	// A restore that fails once its sandbox exists leaves no sandbox.
+	// A restore that fails once its sandbox exists leaves no sandbox: its container's creation
+	// fails, or its archive's import, which runs beside the sandbox's making.
 	settle(n.s)
 	before := len(n.st.Sandboxes.List(nil))
 	held := n.net.held()
@@ -445,5 +446,24 @@ func TestCheckpointAndRestoreAPod(t *testing.T) {
 	}
 	if after := n.net.held(); !slices.Equal(after, held) {
 		t.Errorf("a failed restore left %q on the network (before: %q)", after, held)
+	}
+	other := t.TempDir()
+	if _, err := n.s.CheckpointPod(ctx, &runtimeapi.CheckpointPodRequest{PodSandboxId: sandboxID, OutputPath: other, ContainerIds: []string{containerID}}); err != nil {
+		t.Fatal(err)
+	}
+	imports := len(n.cocoon.calls("SnapshotImport"))
+	n.cocoon.failOnce("SnapshotImport", cocoonErr(nil, "no space left on device", "snapshot", "import"))
+	_, err = n.s.RestorePod(ctx, &runtimeapi.RestorePodRequest{
+		CheckpointPath: other, Config: podConfig("web-import-failed"), RuntimeHandler: HandlerName,
+		ContainerConfigs: []*runtimeapi.ContainerConfig{containerConfig("app", snapshotRef)},
+	})
+	if err == nil || len(n.cocoon.calls("SnapshotImport")) != imports+1 {
+		t.Fatalf("a restore whose import failed: %v", err)
+	}
+	if after := len(n.st.Sandboxes.List(nil)); after != before {
+		t.Errorf("%d sandboxes after a restore whose import failed, %d before", after, before)
+	}
+	if after := n.net.held(); !slices.Equal(after, held) {
+		t.Errorf("a restore whose import failed left %q on the network (before: %q)", after, held)
 	}
 }

@@ -31,7 +31,7 @@ type restoreMember struct {
 
 // RestorePod makes a new pod from a pod checkpoint directory: a new sandbox (its own network
 // namespace, IP and MAC), and one container per checkpointed container, CREATED, whose image is
-// the container's checkpoint. StartContainer clones it, which resumes the saved machine under the
+// the container's checkpoint, imported while the sandbox is made. StartContainer clones it, which resumes the saved machine under the
 // new pod's identity. The checkpoint directory is only read. On error nothing of the call is left.
 func (s *Runtime) RestorePod(ctx context.Context, req *runtimeapi.RestorePodRequest) (*runtimeapi.RestorePodResponse, error) {
 	if req.GetConfig() == nil {
@@ -50,15 +50,28 @@ func (s *Runtime) RestorePod(ctx context.Context, req *runtimeapi.RestorePodRequ
 		return nil, err
 	}
 	start := time.Now()
+	// The archives' import and the new sandbox do not wait on each other: they are made at once.
 	refs := make([]string, len(members))
-	for i, m := range members {
-		if refs[i], err = s.importCheckpoint(ctx, m.archive); err != nil {
-			return nil, fmt.Errorf("restore container %s: %w", m.config.GetMetadata().GetName(), err)
+	imported := make(chan error, 1)
+	go func() {
+		for i, m := range members {
+			ref, err := s.importCheckpoint(ctx, m.archive)
+			if err != nil {
+				imported <- fmt.Errorf("restore container %s: %w", m.config.GetMetadata().GetName(), err)
+				return
+			}
+			refs[i] = ref
 		}
-	}
+		imported <- nil
+	}()
 	run, err := s.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: req.GetConfig(), RuntimeHandler: req.GetRuntimeHandler()})
-	if err != nil {
+	importErr := <-imported
+	switch {
+	case err != nil:
 		return nil, err
+	case importErr != nil:
+		s.discardRestoredSandbox(ctx, run.GetPodSandboxId())
+		return nil, importErr
 	}
 	resp := &runtimeapi.RestorePodResponse{PodSandboxId: run.GetPodSandboxId()}
 	for i, m := range members {
