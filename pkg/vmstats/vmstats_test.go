@@ -214,51 +214,39 @@ func TestReadsThisProcess(t *testing.T) {
 	}
 }
 
-// TestTreeOrder: where the kernel lists no children, every process's parent gives the tree.
-func TestTreeOrder(t *testing.T) {
-	root := t.TempDir()
-	for pid, ppid := range map[string]string{"10": "1", "11": "10", "12": "11", "13": "10", "20": "1"} {
-		if err := os.MkdirAll(filepath.Join(root, pid), 0o755); err != nil {
-			t.Fatal(err)
+// TestTree: process 10's tree, parents before their children, from the kernel's lists of each
+// thread's children where it has them (99 ended during the walk), else from every process's parent.
+func TestTree(t *testing.T) {
+	stat := func(pid, ppid string) string {
+		return pid + " (p) S " + ppid + " 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 5 0 0\n"
+	}
+	for name, files := range map[string]map[string]string{
+		"children lists": {
+			"10/task/10/children": "11 ", "10/task/14/children": "13 99 ", "11/task/11/children": "12 ",
+			"12/task/12/children": "", "13/task/13/children": "",
+		},
+		"parents": {
+			"10/stat": stat("10", "1"), "11/stat": stat("11", "10"), "12/stat": stat("12", "11"),
+			"13/stat": stat("13", "10"), "20/stat": stat("20", "1"),
+		},
+	} {
+		root := t.TempDir()
+		for path, content := range files {
+			if err := os.MkdirAll(filepath.Dir(filepath.Join(root, path)), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(root, path), []byte(content), 0o644); err != nil {
+				t.Fatal(err)
+			}
 		}
-		stat := pid + " (p) S " + ppid + " 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 5 0 0\n"
-		if err := os.WriteFile(filepath.Join(root, pid, "stat"), []byte(stat), 0o644); err != nil {
-			t.Fatal(err)
+		tree, err := Tree(root, 10)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
 		}
-	}
-	tree, err := Tree(root, 10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	slices.Sort(tree[1:3])
-	if !slices.Equal(tree, []int{10, 11, 13, 12}) {
-		t.Fatalf("Tree = %v, want 10, then 11 and 13, then 12", tree)
-	}
-}
-
-// TestTreeFromChildrenFiles: where the kernel lists children per thread, the tree follows them,
-// through every thread, and leaves out a process that ended during the walk.
-func TestTreeFromChildrenFiles(t *testing.T) {
-	root := t.TempDir()
-	children := map[string]string{ // PID/task/TID: its children
-		"10/task/10": "11 ", "10/task/14": "13 99 ", "11/task/11": "12 ", "12/task/12": "", "13/task/13": "",
-	}
-	for task, list := range children {
-		if err := os.MkdirAll(filepath.Join(root, task), 0o755); err != nil {
-			t.Fatal(err)
+		slices.Sort(tree[1:3])
+		if !slices.Equal(tree, []int{10, 11, 13, 12}) {
+			t.Errorf("%s: Tree = %v, want 10, then 11 and 13, then 12", name, tree)
 		}
-		if err := os.WriteFile(filepath.Join(root, task, "children"), []byte(list), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// No stat anywhere: a walk of every process's parent would find nothing.
-	tree, err := Tree(root, 10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	slices.Sort(tree[1:3])
-	if !slices.Equal(tree, []int{10, 11, 13, 12}) {
-		t.Fatalf("Tree = %v, want 10, then 11 and 13, then 12 (99 is gone)", tree)
 	}
 }
 
