@@ -230,6 +230,7 @@ func (n *Node) cleanup() {
 	if err := cocoonsim.KillGuests(n.RunDir); err != nil {
 		n.T.Errorf("stop guests: %v", err)
 	}
+	n.killCocoonProcesses()
 	for _, dir := range []string{n.NetnsDir, n.VMNetns, filepath.Dir(n.NodeNS)} {
 		entries, _ := os.ReadDir(dir)
 		for _, e := range entries {

@@ -3,8 +3,11 @@ package harness
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"syscall"
+	"time"
 
 	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
@@ -14,6 +17,33 @@ func (n *Node) Virtiofsds() []int {
 	return ProcessesWhose(func(args string) bool {
 		return strings.Contains(args, "virtiofsd") && strings.Contains(args, n.StateDir+"/shares/")
 	})
+}
+
+// killCocoonProcesses kills, by PID, whatever of cocoon's still runs for the node once its guests
+// are stopped: a hypervisor whose clone the daemon's stop cut short before cocoon recorded its
+// PID, a cocoon command the daemon left. The node's next start would have reconciled them; a test
+// has none.
+func (n *Node) killCocoonProcesses() {
+	left := ProcessesWhose(func(args string) bool {
+		return strings.Contains(args, n.RunDir+"/") || strings.Contains(args, n.RunDir+"\x00")
+	})
+	if len(left) == 0 {
+		return
+	}
+	n.T.Logf("killing cocoon processes left by the node: %v", left)
+	for _, pid := range left {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		left = slices.DeleteFunc(left, func(pid int) bool { return !testproc.Running(pid) })
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			n.T.Errorf("cocoon processes %v outlived SIGKILL", left)
+			return
+		}
+	}
 }
 
 // MountsUnder lists the mount points below dir, in the order they were mounted.
