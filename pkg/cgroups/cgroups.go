@@ -2,13 +2,12 @@
 // cgroup the way the kubelet's cgroup driver expects, so the kubelet's pod limits fence the VM and
 // cAdvisor, eviction and kubectl top see its CPU and memory. The cgroupfs driver (Host) makes
 // <cgroup_parent>/<container ID> itself in every v1 hierarchy on a v1 or hybrid host, or in the
-// unified hierarchy on a v2 host. The systemd driver has systemd make a transient scope in the
+// unified hierarchy on a v2 host, with opencontainers/cgroups (runc's library) finding the
+// hierarchies, setting new cgroups up, moving processes and removing cgroups. The systemd driver has systemd make a transient scope in the
 // pod's slice, as runc does. New picks one; both implement Driver.
 package cgroups
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -16,10 +15,14 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/moby/sys/mountinfo"
+	oc "github.com/opencontainers/cgroups"
+	"github.com/opencontainers/cgroups/fs"
+	"github.com/opencontainers/cgroups/fs2"
 )
 
 // Hierarchy is one mounted cgroup hierarchy.
@@ -27,7 +30,7 @@ type Hierarchy struct {
 	// Mount is where it is mounted; Root the cgroup the mount shows (not "/" inside a cgroup
 	// namespace or for a bind mount of a subtree).
 	Mount, Root string
-	// Controllers are the v1 controllers bound to it ("name=systemd" for a named hierarchy); nil
+	// Controllers are the v1 controllers bound to it ("systemd" for the named hierarchy name=systemd); nil
 	// for the unified hierarchy.
 	Controllers []string
 	// Unified marks the cgroup v2 hierarchy.
@@ -44,90 +47,35 @@ type Host struct {
 // /dev/vhost-*, which a container never gets.
 var skipped = []string{"devices"}
 
-// Detect finds the hierarchies from this process's mount table. On a v1 or hybrid host every v1
-// hierarchy but the skipped ones is used (the kubelet's cgroupfs driver makes pod cgroups in all
-// of them) and the hybrid unified mount, which has no controllers the kubelet uses, is not. On a
-// v2 host the unified hierarchy is used.
+// Detect finds the hierarchies through opencontainers/cgroups, as runc does. On a v1 or hybrid
+// host every v1 hierarchy but the skipped ones is used (the kubelet's cgroupfs driver makes pod
+// cgroups in all of them), the first mount of each; the hybrid unified mount, which has no
+// controllers the kubelet uses, is not. On a v2 host the unified hierarchy is used.
 func Detect() (*Host, error) {
-	data, err := os.ReadFile("/proc/self/mountinfo")
+	if oc.IsCgroup2UnifiedMode() {
+		mounts, err := mountinfo.GetMounts(func(m *mountinfo.Info) (skip, stop bool) {
+			return m.FSType != "cgroup2" || m.Mountpoint != fs2.UnifiedMountpoint, false
+		})
+		if err != nil || len(mounts) == 0 {
+			return nil, fmt.Errorf("find the cgroup v2 mount at %s: %w", fs2.UnifiedMountpoint, err)
+		}
+		return &Host{Hierarchies: []Hierarchy{{Mount: mounts[0].Mountpoint, Root: mounts[0].Root, Unified: true}}}, nil
+	}
+	mounts, err := oc.GetCgroupMounts(false)
 	if err != nil {
-		return nil, fmt.Errorf("read mount table: %w", err)
+		return nil, fmt.Errorf("find the cgroup mounts: %w", err)
 	}
-	return ParseMountInfo(data)
-}
-
-// ParseMountInfo picks the hierarchies from a mountinfo table (proc(5)).
-func ParseMountInfo(data []byte) (*Host, error) {
 	var v1 []Hierarchy
-	var unified *Hierarchy
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	for sc.Scan() {
-		line := sc.Text()
-		pre, post, ok := strings.Cut(line, " - ")
-		if !ok {
-			return nil, fmt.Errorf("mountinfo: no separator in %q", line)
+	for _, m := range mounts {
+		if slices.ContainsFunc(m.Subsystems, func(c string) bool { return slices.Contains(skipped, c) }) {
+			continue
 		}
-		pf, sf := strings.Fields(pre), strings.Fields(post)
-		if len(pf) < 5 || len(sf) < 3 {
-			return nil, fmt.Errorf("mountinfo: short line %q", line)
-		}
-		root, mount := unescape(pf[3]), unescape(pf[4])
-		switch sf[0] {
-		case "cgroup2":
-			if unified == nil {
-				unified = &Hierarchy{Mount: mount, Root: root, Unified: true}
-			}
-		case "cgroup":
-			var controllers []string
-			for _, opt := range strings.Split(sf[2], ",") {
-				// Mount options are not controllers; a named hierarchy is "name=<name>".
-				isOption := slices.Contains([]string{"rw", "ro", "clone_children", "noprefix", "xattr", "cpuset_v2_mode"}, opt) ||
-					(strings.Contains(opt, "=") && !strings.HasPrefix(opt, "name="))
-				if isOption {
-					continue
-				}
-				controllers = append(controllers, opt)
-			}
-			slices.Sort(controllers)
-			if len(controllers) == 0 || slices.ContainsFunc(controllers, func(c string) bool { return slices.Contains(skipped, c) }) {
-				continue
-			}
-			// A hierarchy may be mounted twice (a bind mount); the first mount of it serves.
-			if slices.ContainsFunc(v1, func(h Hierarchy) bool { return slices.Equal(h.Controllers, controllers) }) {
-				continue
-			}
-			v1 = append(v1, Hierarchy{Mount: mount, Root: root, Controllers: controllers})
-		}
+		v1 = append(v1, Hierarchy{Mount: m.Mountpoint, Root: m.Root, Controllers: slices.Sorted(slices.Values(m.Subsystems))})
 	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("mountinfo: %w", err)
+	if len(v1) == 0 {
+		return nil, errors.New("no cgroup filesystem is mounted")
 	}
-	switch {
-	case len(v1) > 0:
-		return &Host{Hierarchies: v1}, nil
-	case unified != nil:
-		return &Host{Hierarchies: []Hierarchy{*unified}}, nil
-	}
-	return nil, errors.New("no cgroup filesystem is mounted")
-}
-
-// unescape undoes mountinfo's octal escapes of space, tab, newline and backslash.
-func unescape(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
+	return &Host{Hierarchies: v1}, nil
 }
 
 // Path is the cgroup <parent>/<name> in cgroupfs form. A parent in runc's systemd form
@@ -190,7 +138,7 @@ func (h *Host) Place(cgroup string, pids []int) (created string, err error) {
 	}
 	created = "/"
 	for _, hier := range h.Hierarchies {
-		top, err := hier.makeDirs(cgroup)
+		top, err := hier.create(cgroup)
 		if top == "" {
 			top = cgroup // the leaf is this container's even if a crashed start left it
 		}
@@ -203,7 +151,7 @@ func (h *Host) Place(cgroup string, pids []int) (created string, err error) {
 		}
 	}
 	for _, hier := range h.Hierarchies {
-		if err := hier.move(cgroup, pids); err != nil {
+		if err := hier.join(cgroup, pids); err != nil {
 			return created, err
 		}
 	}
@@ -216,10 +164,13 @@ func (h *Host) removeQuietly(cgroup, created string) {
 	_ = h.Remove(ctx, cgroup, created)
 }
 
-// makeDirs creates cgroup in the hierarchy and returns the topmost directory it made (as a cgroup
-// path), "" when all existed.
-func (h Hierarchy) makeDirs(cgroup string) (string, error) {
-	var missing []string
+// create makes cgroup in the hierarchy, with the library setting up what a new cgroup needs before
+// a process can join it: a v1 cpuset takes its parent's CPUs and memory nodes (it starts with none,
+// and joining it would fail with ENOSPC), a v2 parent enables its controllers for its children
+// (where it cannot, the VM is still accounted in the nearest ancestor that has them). It returns
+// the topmost cgroup it made, "" when all existed.
+func (h Hierarchy) create(cgroup string) (string, error) {
+	top := ""
 	for p := cgroup; p != "/"; p = path.Dir(p) {
 		d, err := h.dir(p)
 		if err != nil {
@@ -230,65 +181,25 @@ func (h Hierarchy) makeDirs(cgroup string) (string, error) {
 		} else if !errors.Is(err, os.ErrNotExist) {
 			return "", fmt.Errorf("cgroup %s in %s: %w", p, h, err)
 		}
-		missing = append(missing, p)
+		top = p
 	}
-	slices.Reverse(missing) // top down
-	created := ""
-	for _, p := range missing {
-		d, _ := h.dir(p)
-		if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
-			return created, fmt.Errorf("create cgroup %s in %s: %w", p, h, err)
-		}
-		if created == "" {
-			created = p
-		}
-		if err := h.initDir(p); err != nil {
-			return created, err
-		}
-	}
-	return created, nil
-}
-
-// initDir prepares a new cgroup so processes can join it. A v1 cpuset starts with no CPUs and no
-// memory nodes (unless the parent clones them), and joining it fails with ENOSPC: it takes its
-// parent's. A v2 cgroup's controllers must be enabled in its parent's subtree_control; where they
-// cannot be the VM is still accounted in the nearest ancestor that has them, so that is not fatal.
-func (h Hierarchy) initDir(cgroup string) error {
 	d, _ := h.dir(cgroup)
-	parent := filepath.Dir(d)
-	if h.Unified {
-		avail, err := os.ReadFile(filepath.Join(parent, "cgroup.controllers"))
-		if err != nil {
-			return nil
-		}
-		for _, c := range strings.Fields(string(avail)) {
-			_ = os.WriteFile(filepath.Join(parent, "cgroup.subtree_control"), []byte("+"+c), 0)
-		}
-		return nil
+	var err error
+	switch {
+	case h.Unified:
+		err = fs2.CreateCgroupPath(d, &oc.Cgroup{Resources: &oc.Resources{}})
+	case h.has("cpuset"):
+		err = (&fs.CpusetGroup{}).ApplyDir(d, &oc.Resources{}, -1)
+	default:
+		err = os.MkdirAll(d, 0o755)
 	}
-	if !h.has("cpuset") {
-		return nil
+	if err != nil {
+		return top, fmt.Errorf("create cgroup %s in %s: %w", cgroup, h, err)
 	}
-	for _, file := range []string{"cpuset.cpus", "cpuset.mems"} {
-		own, err := os.ReadFile(filepath.Join(d, file))
-		if err != nil {
-			return fmt.Errorf("cgroup %s: %w", cgroup, err)
-		}
-		if len(bytes.TrimSpace(own)) > 0 {
-			continue
-		}
-		inherited, err := os.ReadFile(filepath.Join(parent, file))
-		if err != nil {
-			return fmt.Errorf("cgroup %s: parent's %s: %w", cgroup, file, err)
-		}
-		if err := os.WriteFile(filepath.Join(d, file), bytes.TrimSpace(inherited), 0); err != nil {
-			return fmt.Errorf("cgroup %s: set %s to its parent's %q: %w", cgroup, file, bytes.TrimSpace(inherited), err)
-		}
-	}
-	return nil
+	return top, nil
 }
 
-func (h Hierarchy) move(cgroup string, pids []int) error {
+func (h Hierarchy) join(cgroup string, pids []int) error {
 	d, err := h.dir(cgroup)
 	if err != nil {
 		return err
@@ -299,27 +210,13 @@ func (h Hierarchy) move(cgroup string, pids []int) error {
 	return nil
 }
 
-// enter moves pids into the cgroup at dir by writing each to its cgroup.procs: the kernel moves
-// the whole thread group. One write per PID, so a process that exited meanwhile (ESRCH) fails
-// only its own write; each ends in a newline, as the kernel accepts, so a directory standing in
-// for a cgroup in tests keeps every PID. The file is not created: a directory without one is not
-// a cgroup.
+// enter moves pids into the cgroup at dir through the library, which writes each to its
+// cgroup.procs (the kernel moves the whole thread group) and retries a process the kernel is
+// still creating. A process that exited meanwhile (ESRCH) is skipped.
 func enter(dir string, pids []int) error {
-	if len(pids) == 0 {
-		return nil
-	}
-	f, err := os.OpenFile(filepath.Join(dir, "cgroup.procs"), os.O_WRONLY, 0)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
 	for _, pid := range pids {
-		_, err := f.WriteString(strconv.Itoa(pid) + "\n")
-		if errors.Is(err, syscall.ESRCH) {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("move process %d: %w", pid, err)
+		if err := oc.WriteCgroupProc(dir, pid); err != nil && !errors.Is(err, syscall.ESRCH) {
+			return err
 		}
 	}
 	return nil

@@ -16,74 +16,61 @@ import (
 	"time"
 )
 
-// This machine's table: cgroup v1 hybrid.
-const hybridMountInfo = `31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
-32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
-33 31 0:30 / /sys/fs/cgroup/cpuacct rw,relatime - cgroup cgroup rw,cpuacct
-34 31 0:31 / /sys/fs/cgroup/cpuset rw,relatime - cgroup cgroup rw,cpuset
-35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
-36 31 0:33 / /sys/fs/cgroup/devices rw,relatime - cgroup cgroup rw,devices
-37 31 0:34 / /sys/fs/cgroup/freezer rw,relatime - cgroup cgroup rw,freezer
-38 31 0:35 / /sys/fs/cgroup/blkio rw,relatime - cgroup cgroup rw,blkio
-39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
-40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,xattr,release_agent=/lib/systemd/systemd-cgroups-agent,name=systemd
-41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
-`
-
-func TestParseMountInfoHybrid(t *testing.T) {
-	h, err := ParseMountInfo([]byte(hybridMountInfo))
+// TestDetectOnThisHost: the hierarchies are those this process's /proc/self/cgroup names, less the
+// devices one; on a v1 or hybrid host not the unified one.
+func TestDetectOnThisHost(t *testing.T) {
+	h, err := Detect()
+	if err != nil {
+		t.Skipf("no cgroups: %v", err)
+	}
+	data, err := os.ReadFile("/proc/self/cgroup")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var mounts []string
-	for _, hier := range h.Hierarchies {
-		if hier.Unified || hier.Root != "/" {
-			t.Errorf("hierarchy %+v", hier)
+	var want, got []string
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 || parts[1] == "" || parts[1] == "devices" {
+			continue
 		}
-		mounts = append(mounts, filepath.Base(hier.Mount)+"="+strings.Join(hier.Controllers, ","))
+		want = append(want, strings.TrimPrefix(parts[1], "name="))
 	}
-	want := []string{"cpu=cpu", "cpuacct=cpuacct", "cpuset=cpuset", "memory=memory", "freezer=freezer", "blkio=blkio", "pids=pids", "systemd=name=systemd"}
-	if !slices.Equal(mounts, want) {
-		t.Fatalf("hierarchies %v, want %v (no devices, no hybrid unified mount)", mounts, want)
+	for _, hier := range h.Hierarchies {
+		if hier.Unified {
+			if len(h.Hierarchies) != 1 || len(want) != 0 {
+				t.Fatalf("the unified hierarchy beside v1 ones: %v", h.Hierarchies)
+			}
+			return
+		}
+		if hier.has("devices") {
+			t.Errorf("the devices hierarchy is used: %s", hier)
+		}
+		got = append(got, strings.Join(hier.Controllers, ","))
+		if _, err := os.Stat(filepath.Join(hier.Mount, "cgroup.procs")); err != nil {
+			t.Errorf("%s is no cgroup mount: %v", hier, err)
+		}
+	}
+	slices.Sort(want)
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		t.Fatalf("hierarchies %v, want %v", got, want)
 	}
 }
 
-func TestParseMountInfoCombinedAndUnified(t *testing.T) {
-	// Distributions that co-mount cpu and cpuacct, and a bind mount of the same hierarchy.
-	combined := `30 25 0:26 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpuacct,cpu
-31 25 0:27 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory
-90 80 0:26 / /mnt/cpu\040copy rw - cgroup cgroup rw,cpu,cpuacct
-`
-	h, err := ParseMountInfo([]byte(combined))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(h.Hierarchies) != 2 || !slices.Equal(h.Hierarchies[0].Controllers, []string{"cpu", "cpuacct"}) {
-		t.Fatalf("combined: %+v", h.Hierarchies)
-	}
-
-	// A v2 host inside a cgroup namespace that shows only part of the hierarchy.
-	v2 := "29 23 0:26 /kubepods /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
-	h, err = ParseMountInfo([]byte(v2))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(h.Hierarchies) != 1 || !h.Hierarchies[0].Unified {
-		t.Fatalf("v2: %+v", h.Hierarchies)
-	}
-	d, err := h.Hierarchies[0].dir("/kubepods/pod1/c1")
+// TestHierarchyDir: a mount that shows part of a hierarchy (a cgroup namespace, a bind mount of a
+// subtree) holds only the cgroups under its root.
+func TestHierarchyDir(t *testing.T) {
+	h := Hierarchy{Mount: "/sys/fs/cgroup", Root: "/kubepods", Unified: true}
+	d, err := h.dir("/kubepods/pod1/c1")
 	if err != nil || d != "/sys/fs/cgroup/pod1/c1" {
 		t.Fatalf("dir in a namespaced mount: %q, %v", d, err)
 	}
-	if _, err := h.Hierarchies[0].dir("/kubepodsX/c1"); err == nil {
+	if _, err := h.dir("/kubepodsX/c1"); err == nil {
 		t.Fatal("a cgroup outside the mounted subtree was accepted")
 	}
-
-	if _, err := ParseMountInfo([]byte("31 23 0:28 / /sys rw - sysfs sysfs rw\n")); err == nil {
-		t.Fatal("no cgroup mount, no error")
-	}
-	if got := unescape(`/mnt/a\040b\134c`); got != `/mnt/a b\c` {
-		t.Fatalf("unescape = %q", got)
+	whole := Hierarchy{Mount: "/sys/fs/cgroup/memory", Root: "/", Controllers: []string{"memory"}}
+	if d, err := whole.dir("/kubepods/pod1/c1"); err != nil || d != "/sys/fs/cgroup/memory/kubepods/pod1/c1" {
+		t.Fatalf("dir in a whole hierarchy: %q, %v", d, err)
 	}
 }
 
@@ -295,11 +282,7 @@ func TestRemoveKeepsAParentItDidNotMake(t *testing.T) {
 	h := realHost(t)
 	parent := testParent(t, h)
 	for _, hier := range h.Hierarchies {
-		d, _ := hier.dir(parent)
-		if err := os.Mkdir(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := hier.initDir(parent); err != nil {
+		if _, err := hier.create(parent); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -345,10 +328,7 @@ func TestPlaceUnderAParentSomeHierarchiesHave(t *testing.T) {
 	parent := testParent(t, h)
 	first := h.Hierarchies[0]
 	d, _ := first.dir(parent)
-	if err := os.Mkdir(d, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := first.initDir(parent); err != nil {
+	if _, err := first.create(parent); err != nil {
 		t.Fatal(err)
 	}
 	leaf, _ := Path(parent, "x")

@@ -147,54 +147,47 @@ func TestSystemdPlaceRefusesBeforeDBus(t *testing.T) {
 	}
 }
 
-// TestJoin moves processes into a scope's cgroups in a directory tree standing in for the
-// hierarchies, as the managers name them: v1 by controller ("" being the hybrid host's unified
-// hierarchy), v2 with "" alone.
+// TestJoin moves a process tree into a unit's cgroups, given as the managers name them (by
+// controller, several naming one hierarchy), in this host's hierarchies; a hierarchy the unit has
+// no cgroup in is left alone.
 func TestJoin(t *testing.T) {
-	scope := "/kubepods.slice/kubepods-pod1.slice/cocoon-cri-" + testID + ".scope"
-	for name, controllers := range map[string][]string{
-		"v1": {"cpu", "cpuacct", "cpuset", "memory", "devices", "freezer", "pids", "name=systemd", ""},
-		"v2": {""},
-	} {
-		t.Run(name, func(t *testing.T) {
-			root := t.TempDir()
-			paths := map[string]string{}
-			for _, c := range controllers {
-				dir := filepath.Join(root, "mount-"+c, scope)
-				paths[c] = dir
-				if err := os.MkdirAll(dir, 0o755); err != nil {
-					t.Fatal(err)
-				}
-				if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), nil, 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-			// A hierarchy the unit is not in (the library lists it, systemd made nothing there).
-			paths["net_cls"] = filepath.Join(root, "mount-net_cls", scope)
+	h := realHost(t)
+	cgroup := testParent(t, h) + "/cocoon-cri-" + testID + ".scope"
+	paths := map[string]string{}
+	for _, hier := range h.Hierarchies {
+		if _, err := hier.create(cgroup); err != nil {
+			t.Fatal(err)
+		}
+		d, _ := hier.dir(cgroup)
+		for _, c := range append(hier.Controllers, "") {
+			paths[c] = d
+		}
+	}
+	unmade := filepath.Join(t.TempDir(), "net_prio", cgroup)
+	paths["net_prio"] = unmade
+	_, pids := startTree(t)
 
-			if err := join(paths, []int{4242, 4243}); err != nil {
-				t.Fatal(err)
-			}
-			for _, c := range controllers {
-				data, err := os.ReadFile(filepath.Join(paths[c], "cgroup.procs"))
-				if err != nil {
-					t.Fatal(err)
-				}
-				if got := strings.Fields(string(data)); !slices.Equal(got, []string{"4242", "4243"}) {
-					t.Errorf("%q got %q, want each process on a line of its own", c, data)
-				}
-			}
-			if _, err := os.Stat(paths["net_cls"]); !os.IsNotExist(err) {
-				t.Errorf("join made the unit's cgroup in a hierarchy it is not in: %v", err)
-			}
-		})
+	if err := join(paths, pids); err != nil {
+		t.Fatal(err)
+	}
+	procs, err := procsOf(h, cgroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, hier := range h.Hierarchies {
+		if got := slices.Sorted(slices.Values(procs[hier.Mount])); !slices.Equal(got, slices.Sorted(slices.Values(pids))) {
+			t.Errorf("%s holds %v, want %v", hier, got, pids)
+		}
+	}
+	if _, err := os.Stat(unmade); !os.IsNotExist(err) {
+		t.Errorf("join made the unit's cgroup in a hierarchy it is not in: %v", err)
 	}
 
 	// A directory that is not a cgroup is not written to.
 	notCgroup := t.TempDir()
-	err := join(map[string]string{"memory": notCgroup}, []int{4242})
+	err = join(map[string]string{"memory": notCgroup}, []int{pids[0]})
 	if err == nil || !strings.Contains(err.Error(), notCgroup) {
-		t.Fatalf("join into a directory without cgroup.procs: %v", err)
+		t.Fatalf("join into a directory that is no cgroup: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(notCgroup, "cgroup.procs")); !os.IsNotExist(err) {
 		t.Fatalf("join made cgroup.procs: %v", err)
