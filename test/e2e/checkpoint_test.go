@@ -21,6 +21,7 @@ import (
 // archive, and runs a new pod of it: the new pod has the old guest's memory at the checkpoint,
 // nothing written after it, and an identity of its own.
 func TestCheckpointCarriesTheGuestToANewPod(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	n.withSnapshot()
 	srcPod, src, _ := n.runningPod("src", snapRef)
@@ -94,6 +95,7 @@ func TestCheckpointCarriesTheGuestToANewPod(t *testing.T) {
 // TestRestorePodThroughTheCRI checkpoints a pod and restores it as a new pod through a CRI client,
 // as the kubelet's pod-level checkpoint does: the restored container is CREATED until started.
 func TestRestorePodThroughTheCRI(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	n.withSnapshot()
 	srcPod, src, _ := n.runningPod("src", snapRef)
@@ -161,6 +163,7 @@ func readCheckpointMetadata(t *testing.T, path string) *checkpoint.Metadata {
 // on it is checkpointed, and a pod of the checkpoint runs. (v0.3.8 has no vm exec: the guest's
 // memory is checked on v0.5 only.)
 func TestCheckpointOnCocoon038(t *testing.T) {
+	t.Parallel()
 	n := oldCocoonNode(t)
 	_, src, _ := n.runningPod("old", snapRef)
 	archive := filepath.Join(n.Dir, "old-checkpoint.tar")

@@ -200,6 +200,7 @@ func backgroundPoint(name string) bool {
 // The daemon is the build without the race detector (bins.cocoonCRIPlain) after the first start:
 // the other tests run the race build through the same restarts and recoveries.
 func TestCrashSafety(t *testing.T) {
+	t.Parallel()
 	var total atomic.Int64
 	t.Run("scenarios", func(t *testing.T) {
 		for _, sc := range crashScenarios {

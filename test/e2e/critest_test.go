@@ -63,6 +63,7 @@ func (n *node) critest(endpoint, focus, skip string, extraArgs ...string) ([]byt
 // are pulled from a registry on the node. The node passes other pods to containerd, as deployed:
 // the VM pods must not notice.
 func TestCritestConformance(t *testing.T) {
+	t.Parallel()
 	n, _ := newPassthroughNode(t, containerdtest.Options{})
 	n.Start()
 	reg := n.registry(registry.Options{})

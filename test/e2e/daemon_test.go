@@ -21,6 +21,7 @@ import (
 // TestDaemonSurvivesSIGKILL: after a kill -9 the next start replaces the stale socket and serves the
 // same pods; the VMs kept running meanwhile.
 func TestDaemonSurvivesSIGKILL(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	n.withSnapshot()
 	_, ctrID, _ := n.runningPod("web", snapRef)
@@ -46,6 +47,7 @@ func TestDaemonSurvivesSIGKILL(t *testing.T) {
 // TestSecondDaemonRefusesTheSameSocketAndState: a second cocoon-cri pointed at a live node fails
 // with a clear message and does not disturb it.
 func TestSecondDaemonRefusesTheSameSocketAndState(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	for name, args := range map[string][]string{
 		"socket": {"--socket", n.Socket, "--state-dir", n.Dir + "/other-state"},
@@ -63,6 +65,7 @@ func TestSecondDaemonRefusesTheSameSocketAndState(t *testing.T) {
 }
 
 func TestVersionAndBadFlags(t *testing.T) {
+	t.Parallel()
 	out, err := exec.Command(bins.CocoonCRI, "--version").CombinedOutput()
 	if err != nil || !strings.HasPrefix(string(out), "cocoon-cri ") {
 		t.Fatalf("--version: %s, %v", out, err)
@@ -86,6 +89,7 @@ func TestVersionAndBadFlags(t *testing.T) {
 // TestRuntimeReadyFollowsCocoon: RuntimeReady is false, with a reason, while the cocoon binary does
 // not run.
 func TestRuntimeReadyFollowsCocoon(t *testing.T) {
+	t.Parallel()
 	n := newNode(t, "--cocoon-binary", "/nonexistent/cocoon", "--serve-default-handler")
 	ready, ok := n.conditions()["RuntimeReady"]
 	if !ok || ready.Status || ready.Reason != "CocoonUnavailable" || !strings.Contains(ready.Message, "/nonexistent/cocoon") {
@@ -104,6 +108,7 @@ func TestRuntimeReadyFollowsCocoon(t *testing.T) {
 // says creating, its namespace exists) is rolled back at the next start, so the kubelet's retry of
 // the same pod succeeds.
 func TestRecoveryRollsBackAnInterruptedRunPodSandbox(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	pod := n.podConfig("web", "uid-web")
 	n.Stop()
@@ -126,6 +131,7 @@ func TestRecoveryRollsBackAnInterruptedRunPodSandbox(t *testing.T) {
 // does not keep the daemon from serving; its record (and the pod's name) is kept and the roll-back
 // retried in the background until DEL works.
 func TestStartupServesDespiteAFailingRollback(t *testing.T) {
+	t.Parallel()
 	plugins := t.TempDir()
 	n := newNode(t, "--cni-bin-dir", plugins)
 	pod := n.podConfig("web", "uid-web")
@@ -168,6 +174,7 @@ func TestStartupServesDespiteAFailingRollback(t *testing.T) {
 // daemon from starting: it is moved aside and reported (log, crictl info), and the other pods are
 // served as before.
 func TestCorruptRecordIsQuarantinedAtStart(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	good := n.mustCrictl("runp", "--runtime", "cocoon", n.configFile("good.json", n.podConfig("good", "uid-good")))
 	bad := n.mustCrictl("runp", "--runtime", "cocoon", n.configFile("bad.json", n.podConfig("bad", "uid-bad")))

@@ -15,6 +15,7 @@ import (
 // TestDemo runs the README's main job, hack/demo.sh, with the binaries under test: a change that
 // breaks what a new user runs first fails here.
 func TestDemo(t *testing.T) {
+	t.Parallel()
 	root, err := harness.RepoRoot()
 	if err != nil {
 		t.Fatal(err)

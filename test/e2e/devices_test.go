@@ -21,6 +21,7 @@ import (
 // paths: the guest reads and writes the node's file, a read-only device refuses writes, and the
 // file outlives the pod. What cannot be attached is refused at create.
 func TestBlockDevicesReachTheGuest(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	n.withSnapshot()
 	dir := t.TempDir()
@@ -78,6 +79,7 @@ func TestBlockDevicesReachTheGuest(t *testing.T) {
 // whose devices are not all on vfio-pci, one sysfs does not know, and a VM or a cocoon that cannot
 // take PCI devices are refused at create.
 func TestVFIOGroupsReachTheVM(t *testing.T) {
+	t.Parallel()
 	sys, dev := t.TempDir(), t.TempDir()
 	fakesysfs.AddPCIDevice(t, sys, "7", "0000:01:00.0", "vfio-pci")
 	fakesysfs.AddPCIDevice(t, sys, "7", "0000:01:00.1", "vfio-pci")

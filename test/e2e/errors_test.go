@@ -32,6 +32,7 @@ func (n *node) state() nodeState {
 }
 
 func TestBadInputsAreRefusedAndChangeNothing(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	n.withSnapshot()
 	podID, ctrID, podFile := n.runningPod("web", snapRef)
@@ -132,6 +133,7 @@ func TestBadInputsAreRefusedAndChangeNothing(t *testing.T) {
 // TestStopAndRemoveAreIdempotent: stopping or removing what is missing or already done succeeds,
 // as the CRI requires (critest's Idempotence group).
 func TestStopAndRemoveAreIdempotent(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	n.withSnapshot()
 	// crictl looks a container or sandbox up before removing it, so the missing cases go to the API
@@ -193,6 +195,7 @@ func TestStopAndRemoveAreIdempotent(t *testing.T) {
 // TestRemoveRunningPodSandbox: removing a sandbox whose VM still runs stops and removes it, as the
 // CRI asks.
 func TestRemoveRunningPodSandbox(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	n.withSnapshot()
 	podID, ctrID, _ := n.runningPod("busy", snapRef)
@@ -205,6 +208,7 @@ func TestRemoveRunningPodSandbox(t *testing.T) {
 
 // TestListFilters exercises the filters the kubelet and crictl use.
 func TestListFilters(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	n.withSnapshot()
 	a := n.podConfig("alpha", "uid-a")
@@ -249,6 +253,7 @@ func TestListFilters(t *testing.T) {
 // TestRawRequestsAreValidated sends what crictl never would: missing configs, empty IDs, negative
 // timeouts. Each gets InvalidArgument and changes nothing.
 func TestRawRequestsAreValidated(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	n.withSnapshot()
 	rt, img := n.clients()

@@ -79,6 +79,7 @@ func (n *node) waitKinds(l *eventLog, ctrID string, want ...string) {
 // directly and one removed with cocoon directly: each container shows EXITED with the reason in
 // crictl ps -a, and a GetContainerEvents subscriber saw its whole life.
 func TestVMsEndingBehindOurBackAreExited(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	n.withSnapshot()
 	events := n.subscribe()
@@ -127,6 +128,7 @@ func TestVMsEndingBehindOurBackAreExited(t *testing.T) {
 // the default) and then removed (destroy), and the lost pod's network namespace and IP lease are
 // released.
 func TestStartupReconcile(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	n.withSnapshot()
 	_, crashed, _ := n.runningPod("crash", snapRef)
@@ -204,6 +206,7 @@ func leased(n *node, ip string) bool {
 // TestFiftyPodsInParallel: 50 pods started at once, as a kubelet does after a node reboot, all
 // run, each in its own VM; removed at once, they leave nothing behind.
 func TestFiftyPodsInParallel(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	n.withSnapshot()
 	const pods = 50

@@ -27,6 +27,7 @@ func fcSnapshot(spec guest.Spec) testimage.SnapshotOptions {
 // container's log, takes attach input and comes back after a cocoon-cri restart; a stop is the
 // guest's own clean power-off (Ctrl-Alt-Del), and removing the pod leaves nothing.
 func TestFirecrackerSnapshotPod(t *testing.T) {
+	t.Parallel()
 	for _, version := range []string{"0.3.8", "0.5.1"} {
 		t.Run(version, func(t *testing.T) {
 			n := newNodeWithEnv(t, []string{cocoonsim.VersionEnv + "=" + version})
@@ -112,6 +113,7 @@ func checkFirecrackerCheckpoint(t *testing.T, n *node, ctrID string) {
 // the container's size (vm create --fc), takes the pod's address from its kernel command line, and
 // stops cleanly on Ctrl-Alt-Del.
 func TestFirecrackerVMImagePod(t *testing.T) {
+	t.Parallel()
 	if !erofsHasTar() {
 		t.Skip("cocoon cannot import an OCI VM image without mkfs.erofs --tar (make setup builds one)")
 	}
@@ -152,6 +154,7 @@ func TestFirecrackerVMImagePod(t *testing.T) {
 // TestFirecrackerStopEscalates: a guest that ignores Ctrl-Alt-Del is stopped forcibly at the
 // timeout, and the status says so.
 func TestFirecrackerStopEscalates(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	n.ImportImage(snapRef, n.SnapshotImage("fc", fcSnapshot(guest.Spec{IgnorePowerButton: true})))
 	_, ctrID, _ := n.runningPod("fcstubborn", snapRef)
@@ -169,6 +172,7 @@ func TestFirecrackerStopEscalates(t *testing.T) {
 // TestFirecrackerRefusals: what Firecracker cannot run is refused at CreateContainer with
 // InvalidArgument and leaves no VM.
 func TestFirecrackerRefusals(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	n.ImportImage("e2e/fc-nonic:v1", n.SnapshotImage("fcnonic", testimage.SnapshotOptions{Hypervisor: cocoon.HypervisorFirecracker}))
 	n.withSnapshot()

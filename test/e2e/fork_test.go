@@ -13,6 +13,7 @@ import (
 // VM: the source's tmpfs, and its own hostname, IP and machine-id; the source runs on, and no save
 // is left in cocoon.
 func TestForkCarriesMemoryWithANewIdentity(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	n.withSnapshot()
 	srcPod, src, _ := n.runningPod("source", snapRef)

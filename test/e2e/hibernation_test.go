@@ -61,6 +61,7 @@ func (n *node) httpGetUntil(url, want string) {
 // its IP, an exec, a port-forward and after a restart of cocoon-cri; its removal leaves nothing in
 // cocoon.
 func TestIdlePodHibernatesAndWakesOnUse(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	n.ImportImage(snapRef, n.SnapshotImage("web", testimage.SnapshotOptions{Guest: guest.Spec{HTTPPort: 80}}))
 	podID, ctr, _ := n.runningPodAnnotated("sleepy", snapRef, map[string]string{vmruntime.AnnotationHibernateAfter: "2s"}, func(*runtimeapi.ContainerConfig) {})

@@ -42,6 +42,7 @@ func (n *node) images() imageList {
 }
 
 func TestImageReferencesShareOneArtifact(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	file := n.SnapshotImage("snap", testimage.SnapshotOptions{})
 	idA := n.ImportImage("e2e/app:v1", file)
@@ -82,6 +83,7 @@ func TestImageReferencesShareOneArtifact(t *testing.T) {
 // TestRemovedImageStaysWhileAClonesNeedsIt: an on-demand clone reads the snapshot's memory, so the
 // snapshot is kept until the container is removed.
 func TestRemovedImageStaysWhileACloneNeedsIt(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	id := n.withSnapshot()
 	_, ctrID, _ := n.runningPod("keep", snapRef)
@@ -110,6 +112,7 @@ func TestRemovedImageStaysWhileACloneNeedsIt(t *testing.T) {
 // TestReimportBringsBackARemovedImage: an image removed while a container still holds its artifact
 // comes back without a second import.
 func TestReimportBringsBackARemovedImage(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	file := n.SnapshotImage("snap", testimage.SnapshotOptions{})
 	id := n.ImportImage(snapRef, file)
@@ -152,6 +155,7 @@ func fileSHA(t *testing.T, path string) string {
 // TestBadImportsLeaveNothing: a wrong digest, a file that is no image, a truncated archive and a
 // cancelled upload all fail and leave no record and no cocoon artifact.
 func TestBadImportsLeaveNothing(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	good := n.SnapshotImage("snap", testimage.SnapshotOptions{})
 	data, err := os.ReadFile(good)

@@ -14,6 +14,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -24,10 +25,16 @@ import (
 	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
+// clusterHost is held by the test whose cluster is up: a cluster takes the host's link and routes
+// (test/harness/cluster.go), so two cannot run at once.
+var clusterHost sync.Mutex
+
 // upCluster runs hack/cluster.sh up with args, serving with this run's cocoon-cluster (and so its
 // race-built cocoon-cri), and down when the test ends. It returns the environment up printed and each node's file locations.
 func upCluster(t *testing.T, args ...string) (env map[string]string, nodes []map[string]string) {
 	t.Helper()
+	clusterHost.Lock()
+	t.Cleanup(clusterHost.Unlock)
 	root, err := harness.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
@@ -265,6 +272,7 @@ spec:
 // VM (but the pool's), namespace, veth, address lease or pod cgroup; and down removes the whole
 // cluster.
 func TestCluster(t *testing.T) {
+	t.Parallel()
 	env, nodes := upCluster(t)
 	nodeFiles := nodes[0]
 	k := kubectlUser{t: t, env: append(os.Environ(), "KUBECONFIG="+env["KUBECONFIG"])}

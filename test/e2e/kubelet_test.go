@@ -43,6 +43,7 @@ spec:
 // namespaces and the sandboxes. The host's sysctls stay as they were (the run's host guard checks
 // them).
 func TestKubelet(t *testing.T) {
+	t.Parallel()
 	n := newNode(t, "--serve-default-handler")
 	reg := n.registry(registry.Options{})
 	n.pushSnapshot(reg.Target(), "kubelet/web:1", "web", testimage.SnapshotOptions{Guest: guest.Spec{Busybox: true, HTTPPort: 80}}, registry.SnapshotPush{})

@@ -27,6 +27,7 @@ func field(m map[string]any, keys ...string) any {
 // a clone to the container's limits, v0.5 runs it at its snapshot's size and gives it its own
 // machine-id.
 func TestPodLifecycle(t *testing.T) {
+	t.Parallel()
 	for _, version := range []string{"0.3.8", "0.5.1"} {
 		t.Run(version, func(t *testing.T) {
 			runLifecycle(t, newNodeWithEnv(t, []string{cocoonsim.VersionEnv + "=" + version}), version, false)
@@ -37,6 +38,7 @@ func TestPodLifecycle(t *testing.T) {
 // TestPodLifecycleSurvivesRestarts runs the same flow with cocoon-cri restarted between every step:
 // the state lives on disk, not in the daemon.
 func TestPodLifecycleSurvivesRestarts(t *testing.T) {
+	t.Parallel()
 	runLifecycle(t, newNode(t), "0.5.1", true)
 }
 
@@ -157,6 +159,7 @@ func runLifecycle(t *testing.T, n *node, version string, restartEachStep bool) {
 
 // TestCloudImageBoots covers the VM-image path: vm create, then vm start, with the container's size.
 func TestCloudImageBoots(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	n.ImportImage(cloudRef, n.cloudImage("cloud"))
 	podFile := n.configFile("pod.json", n.podConfig("desk", "uid-desk"))
@@ -193,6 +196,7 @@ func TestCloudImageBoots(t *testing.T) {
 // TestStopEscalatesForAGuestThatIgnoresThePowerButton: the stop timeout is honoured and the result
 // says the VM was stopped forcibly.
 func TestStopEscalatesForAGuestThatIgnoresThePowerButton(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	n.ImportImage(snapRef, n.SnapshotImage("stubborn", stubbornSnapshot()))
 	_, ctrID, _ := n.runningPod("stubborn", snapRef)
@@ -211,6 +215,7 @@ func TestStopEscalatesForAGuestThatIgnoresThePowerButton(t *testing.T) {
 // TestOneRunningVMPerSandbox: a second container may be created (restarts, init containers) but not
 // started while another runs.
 func TestOneRunningVMPerSandbox(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	n.withSnapshot()
 	podFile := n.configFile("pod.json", n.podConfig("pair", "uid-p"))
@@ -240,6 +245,7 @@ func TestOneRunningVMPerSandbox(t *testing.T) {
 // TestFailedStartLeavesNoVM: a VM that does not boot leaves the container EXITED with StartError and
 // no VM in cocoon.
 func TestFailedStartLeavesNoVM(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	opts := testimage.SnapshotOptions{}
 	opts.Guest.FailBoot = true

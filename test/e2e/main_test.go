@@ -4,10 +4,13 @@
 package e2e
 
 import (
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"testing"
 
 	"github.com/cocoonstack/cocoon-cri/test/harness"
@@ -24,7 +27,22 @@ func TestMain(m *testing.M) {
 	os.Exit(run(m))
 }
 
+// testsAtOnce is how many tests run at once unless -parallel says otherwise. Each has a node of its
+// own and spends most of its time waiting (a guest's boot, a kubelet's sync, a daemon's restart),
+// so the package runs more of them than the machine has cores: go test's default is GOMAXPROCS.
+const testsAtOnce = 4
+
+func setParallel() {
+	flag.Parse()
+	explicit := false
+	flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "test.parallel" })
+	if !explicit {
+		_ = flag.Set("test.parallel", strconv.Itoa(max(testsAtOnce, runtime.GOMAXPROCS(0))))
+	}
+}
+
 func run(m *testing.M) int {
+	setParallel()
 	if os.Geteuid() != 0 {
 		if os.Getenv("CI") != "" {
 			fmt.Fprintln(os.Stderr, "e2e: the end-to-end tests need root (network namespaces) and CI runs as root")

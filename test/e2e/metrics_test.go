@@ -53,6 +53,7 @@ func (n *node) scrapeMetrics() map[string]float64 {
 // /metrics endpoint shows the RPCs by code, the cocoon calls, the pull and the VM by state, and
 // the VM counts follow a stop.
 func TestMetrics(t *testing.T) {
+	t.Parallel()
 	n := newNode(t, "--metrics-addr", "127.0.0.1:0")
 	reg := n.registry(registry.Options{})
 	ref := reg.Host + "/e2e/snap:v1"

@@ -106,6 +106,7 @@ func httpGetWithNC(k kubectlUser, pod, hostport string) (string, error) {
 // fails its pull, naming the base. Deleting the pods leaves nothing
 // on either node, and down removes the cluster.
 func TestClusterOfTwoNodes(t *testing.T) {
+	t.Parallel()
 	env, nodes := upCluster(t, "--nodes", "2")
 	if len(nodes) != 2 {
 		t.Fatalf("hack/cluster.sh up --nodes 2 described %d nodes", len(nodes))

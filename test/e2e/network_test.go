@@ -106,6 +106,7 @@ func (n *node) neighbourMAC(ip string) string {
 
 // TestPodIPReachesTheGuest: the guest answers at the pod IP, with the pod interface's MAC.
 func TestPodIPReachesTheGuest(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	n.withReachableImage()
 	pod := n.podConfig("web", "uid-web")
@@ -180,6 +181,7 @@ func guestDNS(t *testing.T, vm *cocoon.VM) []string {
 // TestRestartedContainerKeepsThePodAddress: a new container in the same pod (the kubelet's
 // restart) gets the interface back from the stopped one: same IP, same MAC.
 func TestRestartedContainerKeepsThePodAddress(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	n.withReachableImage()
 	podID, first, podFile := n.runningPod("web", cloudRef)
@@ -204,6 +206,7 @@ func TestRestartedContainerKeepsThePodAddress(t *testing.T) {
 
 // TestHostPortReachesTheGuest: a hostPort mapping on the node reaches the guest (portmap).
 func TestHostPortReachesTheGuest(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	n.withReachableImage()
 	pod := n.podConfig("web", "uid-web")
@@ -235,6 +238,7 @@ func (n *node) iptablesNAT() string {
 // TestNetworkReadyFollowsTheCNIConfiguration: NetworkReady is false, with a reason, while the node
 // has no network configuration, pods are refused meanwhile, and it turns true when one appears.
 func TestNetworkReadyFollowsTheCNIConfiguration(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	conf := filepath.Join(n.CNIConf, "10-pods.conflist")
 	data, err := os.ReadFile(conf)
@@ -353,6 +357,7 @@ func (n *node) leftovers() []string {
 // the stopped VM keeps the pod interface, and the pod's CNI DEL must still find it and delete its
 // veth then, not only when the pod's namespace goes.
 func TestManyPodsLeaveNoNetworkBehind(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	n.withSnapshot()
 	// Ten at a time: ten VMs run together, then go.
@@ -412,6 +417,7 @@ func (n *node) nodeVeths() []string {
 // restarts it, and retries the way the kubelet does: the retry succeeds, and once the pod is
 // removed nothing is left.
 func TestCrashDuringRunPodSandboxLeaksNothing(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	n.withSnapshot()
 	for i, point := range faultpoint.All {
@@ -441,6 +447,7 @@ func TestCrashDuringRunPodSandboxLeaksNothing(t *testing.T) {
 // TestTwoPodsReachEachOther: a guest reaches another pod's guest at its pod IP, across the
 // cluster's bridge.
 func TestTwoPodsReachEachOther(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	n.withReachableImage()
 	_, ctrA, _ := n.runningPod("alpha", cloudRef)
@@ -475,6 +482,7 @@ func TestTwoPodsReachEachOther(t *testing.T) {
 // one the node does not have, are refused with InvalidArgument saying which are allowed, or that
 // the network is missing.
 func TestPodsPickOnlyAllowedNetworks(t *testing.T) {
+	t.Parallel()
 	n := newNode(t, "--allowed-networks", "storage,ghost")
 	for file, net := range map[string]struct{ name, bridge, subnet string }{
 		"net.d/20-storage.conflist": {"storage", "cni1", "10.89.0.0/24"},

@@ -73,6 +73,7 @@ func (n *node) crictlPods() map[string]string {
 // logs, inspect and images show and reach all three, each on its own runtime, and removing them
 // leaves nothing on either.
 func TestPassthroughRunsEveryPod(t *testing.T) {
+	t.Parallel()
 	n, ctrd := newPassthroughNode(t, containerdtest.Options{})
 	n.Start()
 	n.withSnapshot()
@@ -186,6 +187,7 @@ func TestPassthroughRunsEveryPod(t *testing.T) {
 // even starts); once containerd is back all is well again by itself, and a restart of cocoon-cri
 // finds every pod where it was.
 func TestPassthroughOutlivesContainerd(t *testing.T) {
+	t.Parallel()
 	n, ctrd := newPassthroughNode(t, containerdtest.Options{})
 	n.Start()
 	n.withSnapshot()
@@ -246,6 +248,7 @@ func TestPassthroughOutlivesContainerd(t *testing.T) {
 // with cgroupfs would put VMs where the kubelet does not look: cocoon-cri refuses to start, and
 // says which drivers.
 func TestCgroupDriverMismatchIsRefused(t *testing.T) {
+	t.Parallel()
 	n, ctrd := newPassthroughNode(t, containerdtest.Options{SystemdCgroup: true}, "--cgroup-driver", "cgroupfs")
 	n.Launch()
 	daemon := n.Daemon
@@ -266,6 +269,7 @@ func TestCgroupDriverMismatchIsRefused(t *testing.T) {
 // pass both ways. The specs listed in testdata/critest-passthrough-skips.txt are left out of both
 // runs, each for its reason (no registry here, host security modules).
 func TestCritestThroughPassthrough(t *testing.T) {
+	t.Parallel()
 	n, ctrd := newPassthroughNode(t, containerdtest.Options{})
 	n.Start()
 	skip := skipList(t, "testdata/critest-passthrough-skips.txt")
@@ -342,6 +346,7 @@ spec:
 // removing the manifests removes them from containerd. (A standalone kubelet has no RuntimeClass
 // objects, so it gives every pod the default handler; TestKubelet covers the VM pods.)
 func TestKubeletThroughPassthrough(t *testing.T) {
+	t.Parallel()
 	n, ctrd := newPassthroughNode(t, containerdtest.Options{})
 	n.Start()
 	busybox, _ := ctrd.Images()
@@ -392,6 +397,7 @@ func TestKubeletThroughPassthrough(t *testing.T) {
 // gets it brought into cocoon at CreateContainer, with the credentials the pull was given, and
 // boots from it; containerd's copy stays where it was.
 func TestPassthroughOCIVMImage(t *testing.T) {
+	t.Parallel()
 	n, ctrd := newPassthroughNode(t, containerdtest.Options{})
 	n.Start()
 	if !erofsHasTar() {

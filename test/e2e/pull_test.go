@@ -47,6 +47,7 @@ func (n *node) assertRunning(ctrID string) {
 // TestPullSnapshotByTagAndDigest: a snapshot pushed as epoch does is pulled by tag, by digest and
 // under a second tag into one image and one cocoon snapshot, and pods start from each reference.
 func TestPullSnapshotByTagAndDigest(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	reg := n.registry(registry.Options{})
 	pushed := n.pushSnapshot(reg.Target(), "e2e/snap:v1", "snap", testimage.SnapshotOptions{}, registry.SnapshotPush{})
@@ -80,6 +81,7 @@ func TestPullSnapshotByTagAndDigest(t *testing.T) {
 // TestPullCloudImageAndBootIt: a cloud image in three parts is pulled into one cocoon cloud image
 // and a pod boots it.
 func TestPullCloudImageAndBootIt(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	reg := n.registry(registry.Options{})
 	pushed := n.pushCloudImage(reg.Target(), "e2e/debian:12", 3)
@@ -97,6 +99,7 @@ func TestPullCloudImageAndBootIt(t *testing.T) {
 
 // TestPullIndexPicksThisPlatform: of a multi-arch index, the node's platform is pulled.
 func TestPullIndexPicksThisPlatform(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	reg := n.registry(registry.Options{})
 	other := "arm64"
@@ -125,6 +128,7 @@ func TestPullIndexPicksThisPlatform(t *testing.T) {
 // TestPullWithCredentials: a registry that wants credentials refuses pulls without them or with
 // wrong ones, saying which registry; crictl pull --creds works.
 func TestPullWithCredentials(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	reg := n.registry(registry.Options{Username: "puller", Password: "s3cret"})
 	pushed := n.pushSnapshot(reg.Target(), "private/snap:v1", "private", testimage.SnapshotOptions{}, registry.SnapshotPush{})
@@ -144,6 +148,7 @@ func TestPullWithCredentials(t *testing.T) {
 // Where mkfs.erofs cannot convert tars (Debian 12) cocoon cannot pull it: the pull fails saying
 // so and records nothing; elsewhere a pod boots from it.
 func TestPullOCIVMImage(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	reg := n.registry(registry.Options{Username: "puller", Password: "s3cret"})
 	pushed := n.pushOCIImage(reg.Target(), "e2e/vm:v1")
@@ -170,6 +175,7 @@ func TestPullOCIVMImage(t *testing.T) {
 // TestPullFaultsLeaveNothing: every way a pull can fail leaves no image record and no cocoon
 // artifact.
 func TestPullFaultsLeaveNothing(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	reg := n.registry(registry.Options{})
 	proxy := registry.StartProxy(t, reg.Target(), n.NodeNS)

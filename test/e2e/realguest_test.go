@@ -30,6 +30,7 @@ import (
 // registry pull, and on Debian 12 cocoon cannot import one from a tar (its mkfs.erofs lacks
 // --tar), so the image is put into the node's cocoon the way a pull leaves it.
 func TestRealGuestOnThePodNetwork(t *testing.T) {
+	t.Parallel()
 	guest := realguest.ForTest(t)
 	n := newNode(t)
 	n.seedRealGuestImage(guest, "realguest:v1")

@@ -86,6 +86,7 @@ func vmStatus(t *testing.T, pid int, key string) uint64 {
 // one does), the pod interface's traffic and the VM's writable disk; a stopped container and a
 // killed hypervisor read as zero usage without failing the list.
 func TestStatsShowTheVMsUsage(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	n.withReachableImage()
 	podID, ctrID, _ := n.runningPod("meter", cloudRef)
@@ -240,6 +241,7 @@ func cgroupV1() bool {
 // the pod's limits and the kubelet's accounting cover the VM; nothing is left after removal,
 // neither the container's cgroup nor a parent cocoon-cri had to make.
 func TestCgroupParentHoldsTheHypervisor(t *testing.T) {
+	t.Parallel()
 	parent := harness.CgroupParent(t)
 	n := newNode(t)
 	n.withSnapshot()
@@ -320,6 +322,7 @@ func TestCgroupParentHoldsTheHypervisor(t *testing.T) {
 // TestCgroupParentTheKubeletMadeStays: under a pod cgroup that exists (the kubelet makes it
 // before RunPodSandbox), removing the container removes only the container's cgroup.
 func TestCgroupParentTheKubeletMadeStays(t *testing.T) {
+	t.Parallel()
 	if !cgroupV1() {
 		t.Skip("the test makes the parent in v1 hierarchies")
 	}
@@ -381,6 +384,7 @@ func makePodCgroup(t *testing.T, cgroup string) []string {
 // TestVMTakesTheContainersOOMScore: the hypervisor runs with the container's OOM score, as a
 // container's processes would, so the node's kernel ranks VMs by the kubelet's QoS classes too.
 func TestVMTakesTheContainersOOMScore(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	n.withSnapshot()
 	_, ctrID, _ := n.runningPodWith("oom", snapRef, func(c *runtimeapi.ContainerConfig) { c.Linux.Resources.OomScoreAdj = 777 })

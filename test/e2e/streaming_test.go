@@ -33,6 +33,7 @@ import (
 // TestExecThroughCrictl: commands run in the guest (its hostname is the pod's), with their output,
 // stdin and exit code.
 func TestExecThroughCrictl(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	n.withSnapshot()
 	_, ctrID, _ := n.runningPod("web", snapRef)
@@ -53,6 +54,7 @@ func TestExecThroughCrictl(t *testing.T) {
 // TestExecWithATerminal: a TTY exec gets a terminal in the guest, and ends when its command does
 // even though the client's stdin stays open.
 func TestExecWithATerminal(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	n.withSnapshot()
 	_, ctrID, _ := n.runningPod("web", snapRef)
@@ -75,6 +77,7 @@ func TestExecWithATerminal(t *testing.T) {
 // kubelet proxying one reaches the stream server. The v4 channel protocol cannot close stdin, so
 // the command reads one line rather than to the end.
 func TestStreamsOverWebSocket(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	n.withSnapshot()
 	_, ctrID, _ := n.runningPod("web", snapRef)
@@ -105,6 +108,7 @@ func TestStreamsOverWebSocket(t *testing.T) {
 
 // TestExecSyncAPI: output, exit code, and a timeout that kills the command.
 func TestExecSyncAPI(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	n.withSnapshot()
 	_, ctrID, _ := n.runningPod("web", snapRef)
@@ -149,6 +153,7 @@ var timestamped = regexp.MustCompile(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+Z `)
 // console; attach sees the console and types into it; crictl logs' options work. On both cocoon
 // releases, whose VMs' console is found through the hypervisor's API.
 func TestConsoleIsTheLogAndAttachReachesIt(t *testing.T) {
+	t.Parallel()
 	for _, version := range []string{"0.3.8", "0.5.1"} {
 		t.Run(version, func(t *testing.T) {
 			checkConsole(t, newNodeWithEnv(t, []string{cocoonsim.VersionEnv + "=" + version}))
@@ -218,6 +223,7 @@ func (n *node) waitLog(ctrID, want string, ended ...<-chan streamResult) {
 // output is the log (stdout and stderr apart), crictl logs -f follows it to the end, its exit code
 // is the container's, and its end powers the VM off.
 func TestCommandIsTheMainProcess(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	n.withSnapshot()
 	pod := n.podConfig("job", "uid-job")
@@ -270,6 +276,7 @@ func (n *node) waitExited(ctrID string) map[string]any {
 // TestAttachFeedsTheCommandsStdin: crictl attach -i to a shell as the main process (critest's
 // attach case does the same through client-go).
 func TestAttachFeedsTheCommandsStdin(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	n.withSnapshot()
 	podFile := n.configFile("pod.json", n.podConfig("sh", "uid-sh"))
@@ -310,6 +317,7 @@ func (n *node) portForward(podID, ports string) (stop func(), out *syncio.Tail) 
 // TestPortForwardReachesTheGuest: crictl port-forward to the pod's port 80, and HTTP GETs
 // through it, one and then many at once (each connection is a stream of its own).
 func TestPortForwardReachesTheGuest(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	n.ImportImage(snapRef, n.SnapshotImage("web", testimage.SnapshotOptions{Guest: guest.Spec{HTTPPort: 80}}))
 	podID, _, _ := n.runningPod("web", snapRef)
@@ -355,6 +363,7 @@ func TestPortForwardReachesTheGuest(t *testing.T) {
 // booted guest over SSH with the node's key, the guest is set up that way too, and its host key is
 // pinned at first use. Without any exec path, a container command is refused at create.
 func TestExecOverSSHWithoutCocoonExec(t *testing.T) {
+	t.Parallel()
 	n := sshOnlyNode(t)
 	_, ctrID, _ := n.runningPod("web", cloudRef)
 
@@ -418,6 +427,7 @@ func sshKeyPair(t *testing.T) (keyFile, authorized string) {
 // log again and attach reaches it; a container whose command ran under the old daemon is recorded
 // exited (MainProcessLost) and its VM powered off, so the kubelet restarts it.
 func TestStreamsAcrossARestart(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	n.withSnapshot()
 	_, consoleCtr, _ := n.runningPod("web", snapRef)
@@ -468,6 +478,7 @@ func TestStreamsAcrossARestart(t *testing.T) {
 // commands go over SSH when a login is configured, and are refused at once, saying why, when none
 // is; the record keeps what was learned.
 func TestGuestWithoutAgentFallsBackPerVM(t *testing.T) {
+	t.Parallel()
 	key, authorized := sshKeyPair(t)
 	n := newNode(t, "--guest-ssh-key-file", key, "--guest-ready-timeout", "3s")
 	n.ImportImage(cloudRef, n.cloudImageWithGuest("noagent", guest.Spec{SSHAuthorizedKey: authorized, NoAgent: true}))
@@ -507,6 +518,7 @@ func TestGuestWithoutAgentFallsBackPerVM(t *testing.T) {
 // when missing) are its main command's, its exec's and its ExecSync's: through cocoon's agent (v0.5)
 // and over SSH (v0.3.8).
 func TestEnvAndWorkingDirReachTheGuest(t *testing.T) {
+	t.Parallel()
 	t.Run("agent", func(t *testing.T) {
 		n := newNode(t)
 		n.withSnapshot()
@@ -552,6 +564,7 @@ func checkEnvAndWorkingDir(t *testing.T, n *node, image string) {
 // TestPodSysctlsReachTheGuest: the pod's sysctls, named with dots or slashes, are written into the
 // guest's kernel when the guest is set up; the node's own stay as they were.
 func TestPodSysctlsReachTheGuest(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	n.withSnapshot()
 	hostBefore, err := os.ReadFile("/proc/sys/net/ipv4/ip_unprivileged_port_start")
@@ -580,6 +593,7 @@ func TestPodSysctlsReachTheGuest(t *testing.T) {
 // "no vsock" failure is not taken for one, since cocoon shows the VM with a vsock socket: the exec
 // gets the command's exit code, and the VM keeps its agent path.
 func TestSpoofedCocoonErrorIsTheCommandsOwn(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	n.withSnapshot()
 	_, ctrID, _ := n.runningPod("web", snapRef)

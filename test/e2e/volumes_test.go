@@ -22,6 +22,7 @@ import (
 // Through cocoon's agent (v0.5) and over SSH (v0.3.8); and kept in step across a restart of
 // cocoon-cri.
 func TestVolumesReachTheGuest(t *testing.T) {
+	t.Parallel()
 	t.Run("agent", func(t *testing.T) {
 		n := newNode(t)
 		n.withSnapshot()
@@ -153,6 +154,7 @@ func kubeletAtomicWrite(t *testing.T, dir, stamp string, data map[string]string)
 // TestVolumeRefusals: a volume no copy can honour is refused at create with InvalidArgument,
 // naming the mount and what to do, and no container is left.
 func TestVolumeRefusals(t *testing.T) {
+	t.Parallel()
 	n := newNode(t, "--volume-max-bytes", "1Ki")
 	n.withSnapshot()
 	podFile := n.configFile("pod.json", n.podConfig("refused", "uid-refused"))
@@ -231,6 +233,7 @@ func TestVolumeRefusals(t *testing.T) {
 // it happens, a read-only volume refuses writes, and a single file is still copied. The share
 // outlives a restart of cocoon-cri, and goes with the VM: no virtiofsd, bind or directory is left.
 func TestVolumesAreSharedWithTheGuest(t *testing.T) {
+	t.Parallel()
 	n := newNode(t)
 	const sharedRef = "e2e/shared:v1"
 	n.ImportImage(sharedRef, n.SnapshotImage("shared", testimage.SnapshotOptions{SharedMemory: true}))

@@ -75,6 +75,7 @@ func (n *node) cocoonVMNames(prefix string) []string {
 // and machine-id, and it hibernates and wakes as any pod; a pod whose VM would differ is cloned;
 // the pool refills; a restart adopts the pool; RemoveImage drains it.
 func TestWarmPoolHandsReadyVMsToPods(t *testing.T) {
+	t.Parallel()
 	n := newNode(t, "--warm-pool", snapRef+"=2")
 	n.ImportImage(snapRef, n.SnapshotImage("web", testimage.SnapshotOptions{Guest: guest.Spec{HTTPPort: 80}}))
 	n.waitPoolReady(2)
@@ -199,6 +200,7 @@ func (n *node) checkOnlyPoolLeft(when string) {
 // the pod's identity; the pod's removal leaves nothing but the pool; a restart without the pool
 // leaves nothing at all.
 func TestCrashInAWarmPoolHandOver(t *testing.T) {
+	t.Parallel()
 	n := newNodeWithEnv(t, []string{faultpoint.EnvVar + "=cocoon vm clone/after"}, "--warm-pool", snapRef+"=1")
 	n.withSnapshot() // the pool fills, and its clone is the daemon's first
 	if !n.Died(time.Minute) {

@@ -16,6 +16,7 @@ import (
 // a zombie and cocoon keeps calling its VM running. cocoon-cri still sees the crash, while it runs
 // and across its own restart, on both cocoon releases; the pods then go without leaving the zombie.
 func TestUnreapedHypervisorIsCrashed(t *testing.T) {
+	t.Parallel()
 	for _, version := range []string{"0.3.8", "0.5.1"} {
 		t.Run(version, func(t *testing.T) {
 			n := newNodeWithEnv(t, []string{cocoonsim.VersionEnv + "=" + version, cocoonsim.NoReapEnv + "=1"})

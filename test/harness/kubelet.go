@@ -102,10 +102,11 @@ imageGCLowThresholdPercent: 99
 	var setup strings.Builder
 	// The kubelet's root dir is the one mount it shares with the host, as on a node: the volumes
 	// it mounts there (tmpfs for Secrets and projected tokens) are what cocoon-cri copies. Every
-	// other mount of its namespace is made private first, so nothing else it mounts propagates.
+	// other mount of its namespace is made private first, so nothing else it mounts propagates. A
+	// mount that goes meanwhile (another test's, unmounted on the host) has nothing to make private.
 	root := filepath.Join(k.Dir, "root")
 	k.shareRootDir(root)
-	fmt.Fprintf(&setup, "set -e\nfindmnt -rno TARGET | while read -r m; do [ \"$m\" = %q ] || mount --make-private \"$m\"; done\n", root)
+	fmt.Fprintf(&setup, "set -e\nfindmnt -rno TARGET | while read -r m; do [ \"$m\" = %q ] || mount --make-private \"$m\" || ! mountpoint -q \"$m\"; done\n", root)
 	setup.WriteString("mount -t tmpfs tmpfs /var/log\nmount -t tmpfs tmpfs /var/lib\n")
 	// The kubelet sees stand-in files over the global sysctls it sets, so the host's values never
 	// change.
