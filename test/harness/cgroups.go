@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/cocoonstack/cocoon-cri/test/testproc"
@@ -31,14 +33,7 @@ func CgroupParent(t testproc.TB) string {
 			})
 			slices.Reverse(dirs) // children first
 			for _, dir := range dirs {
-				// Killed processes hold a cgroup until they are reaped.
-				var err error
-				for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-					if err = os.Remove(dir); err == nil || errors.Is(err, os.ErrNotExist) || time.Now().After(deadline) {
-						break
-					}
-				}
-				if err != nil && !errors.Is(err, os.ErrNotExist) {
+				if err := removeCgroupDir(dir); err != nil {
 					t.Errorf("remove test cgroup %s: %v", dir, err)
 				}
 			}
@@ -94,4 +89,48 @@ func CgroupDirs(cgroup string) []string {
 		found = append(found, filepath.Join("/sys/fs/cgroup", cgroup)) // cgroup v2
 	}
 	return found
+}
+
+// poolCgroupRoot is where cocoon-cri's cgroupfs driver accounts warm pool VMs.
+const poolCgroupRoot = "/cocoon-cri-pool/"
+
+// poolCgroups lists the warm pool cgroups that processes running for the node are in: a daemon's
+// stop leaves its pool VMs running, for the next start to adopt, and a test has no next start.
+func (n *Node) poolCgroups() []string {
+	var found []string
+	for _, pid := range ProcessesWhose(func(args string) bool { return strings.Contains(args, n.RunDir+"/") }) {
+		data, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cgroup"))
+		for line := range strings.Lines(string(data)) {
+			parts := strings.SplitN(strings.TrimSpace(line), ":", 3)
+			if len(parts) == 3 && strings.HasPrefix(parts[2], poolCgroupRoot) && !slices.Contains(found, parts[2]) {
+				found = append(found, parts[2])
+			}
+		}
+	}
+	return found
+}
+
+// removeCgroups removes cgroups from every hierarchy.
+func (n *Node) removeCgroups(cgroups []string) {
+	for _, cgroup := range cgroups {
+		for _, d := range CgroupDirs(cgroup) {
+			if err := removeCgroupDir(d); err != nil {
+				n.T.Errorf("remove the pool cgroup %s: %v", d, err)
+			}
+		}
+	}
+}
+
+// removeCgroupDir removes the cgroup directory d once the processes in it are gone: killed ones
+// hold a cgroup until they are reaped. Gone already is not an error.
+func removeCgroupDir(d string) error {
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		err := os.Remove(d)
+		if err == nil || errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+	}
 }

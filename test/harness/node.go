@@ -227,10 +227,12 @@ func (n *Node) cleanup() {
 		_, _ = n.Daemon.Stop(30 * time.Second)
 		n.Daemon = nil
 	}
+	poolCgroups := n.poolCgroups()
 	if err := cocoonsim.KillGuests(n.RunDir); err != nil {
 		n.T.Errorf("stop guests: %v", err)
 	}
 	n.killCocoonProcesses()
+	n.removeCgroups(poolCgroups)
 	for _, dir := range []string{n.NetnsDir, n.VMNetns, filepath.Dir(n.NodeNS)} {
 		entries, _ := os.ReadDir(dir)
 		for _, e := range entries {
