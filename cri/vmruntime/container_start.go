@@ -42,20 +42,18 @@ func (s *Runtime) StartContainer(ctx context.Context, req *runtimeapi.StartConta
 
 	s.pools.starts.Add(1)
 	defer s.pools.starts.Add(-1)
-	l, pv, pooled := s.takePoolVM(ctx, sb, c)
+	l, pv, place, pooled := s.takePoolVM(ctx, sb, c)
+	cgroup, cgroupCreated := place.cgroup, place.created
 	if pooled {
 		c.VM.Name, c.VM.ID, c.VM.Pooled = pv.Name, l.ID, true
 	} else {
 		var vm *cocoon.VM
 		if vm, err = s.launchVM(ctx, sb, c); err == nil {
 			l = launchedFrom(vm)
+			cgroup, cgroupCreated, err = s.placeVM(sb, c, l.PID)
 		}
 	}
 	log := s.log.With("container", c.ID, "sandbox", sb.ID, "vm", c.VM.Name)
-	var cgroup, cgroupCreated string
-	if err == nil {
-		cgroup, cgroupCreated, err = s.placeVM(sb, c, l.PID)
-	}
 	if err == nil {
 		err = s.attachDevices(ctx, sb, c, l.ID)
 	}
@@ -88,9 +86,6 @@ func (s *Runtime) StartContainer(ctx context.Context, req *runtimeapi.StartConta
 			s.emit(runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT, exited)
 		}
 		return nil, fmt.Errorf("start VM %s: %w", c.VM.Name, err)
-	}
-	if pooled {
-		cgroup, cgroupCreated = s.leavePoolCgroup(ctx, pv, cgroup, cgroupCreated)
 	}
 	running, err := s.store.Containers.Modify(c.ID, func(r *store.Container) error {
 		r.State, r.StartedAt = store.ContainerRunning, s.now()

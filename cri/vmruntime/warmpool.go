@@ -407,10 +407,16 @@ func fitsPoolVM(want, pool store.VM) bool {
 		want.OnDemand == pool.OnDemand && want.PullBase == pool.PullBase
 }
 
+// vmPlacement is the cgroup a VM was put in, and the topmost cgroup made for it (placeVM).
+type vmPlacement struct {
+	cgroup, created string
+}
+
 // handOver gives pool VM pv to container c of sandbox sb: recorded as the container's, the pod
 // interface in the placeholder's place, the guest given the pod's address, MAC, hostname and
-// resolvers. The pool's network goes; its cgroup is the caller's to replace.
-func (s *Runtime) handOver(ctx context.Context, sb *store.Sandbox, c *store.Container, pv *store.PoolVM, ps *primedShell) (launched, error) {
+// resolvers, the hypervisor in the pod's cgroup instead of the pool's. The pool's network goes.
+// The placement is returned on failure too, for the caller to remove.
+func (s *Runtime) handOver(ctx context.Context, sb *store.Sandbox, c *store.Container, pv *store.PoolVM, ps *primedShell) (launched, vmPlacement, error) {
 	l := launchedOf(pv.Spec)
 	began := time.Now()
 	taken, err := s.store.Containers.Modify(c.ID, func(r *store.Container) error {
@@ -418,12 +424,19 @@ func (s *Runtime) handOver(ctx context.Context, sb *store.Sandbox, c *store.Cont
 		return nil
 	})
 	if err != nil {
-		return l, fmt.Errorf("record the pool VM as the container's: %w", err)
+		return l, vmPlacement{}, fmt.Errorf("record the pool VM as the container's: %w", err)
 	}
 	faultpoint.Hit(faultpoint.HandOverClaimed)
 	recorded := time.Now()
-	// Once the VM is the container's, the pool's record, the host's side and the guest's are
-	// independent: all three are done before the answer, at once.
+	// Once the VM is the container's, the pool's record, the host's side, the guest's and the
+	// cgroup are independent: all four are done before the answer, at once.
+	placed := make(chan error, 1)
+	var place vmPlacement
+	go func() {
+		var err error
+		place.cgroup, place.created, err = s.placeVM(sb, c, l.PID)
+		placed <- err
+	}()
 	untaken := make(chan error, 1)
 	go func() {
 		err := s.store.PoolVMs.Delete(pv.Name)
@@ -443,56 +456,66 @@ func (s *Runtime) handOver(ctx context.Context, sb *store.Sandbox, c *store.Cont
 	defer cancel()
 	guestErr := s.configurePoolGuest(ctx, sb, taken, ps)
 	guestDone := time.Since(recorded)
-	if err := <-untaken; err != nil {
-		<-networkDone
-		return l, fmt.Errorf("take the pool VM out of its pool: %w", err)
+	untakenErr, networkErr, placeErr := <-untaken, <-networkDone, <-placed
+	switch {
+	case untakenErr != nil:
+		return l, place, fmt.Errorf("take the pool VM out of its pool: %w", untakenErr)
+	case networkErr != nil:
+		return l, place, fmt.Errorf("hand the pod interface to the pool VM: %w", networkErr)
+	case guestErr != nil:
+		return l, place, guestErr
+	case placeErr != nil:
+		return l, place, placeErr
 	}
-	if err := <-networkDone; err != nil {
-		return l, fmt.Errorf("hand the pod interface to the pool VM: %w", err)
-	}
-	if guestErr != nil {
-		return l, guestErr
-	}
+	// Only now is the pool's cgroup empty: a process the guest's set-up started (a simulated
+	// guest's are the host's) stays where its parent was when it forked.
+	place.cgroup, place.created = s.leavePoolCgroup(ctx, pv, place.cgroup, place.created)
 	faultpoint.Hit(faultpoint.HandOverGuestSetUp)
 	s.log.Debug("warm pool VM handed over", "container", c.ID, "vm", pv.Name, "claim", recorded.Sub(began),
 		"network", wired, "guest", guestDone)
 	if err := s.net.RemovePoolVM(poolNetID(pv.Name)); err != nil {
 		s.log.Warn("the placeholder network of a handed-over pool VM is left; the next start removes it", "vm", pv.Name, "err", err)
 	}
-	return l, nil
+	return l, place, nil
 }
 
-// takePoolVM runs a pool VM for c where one fits: on a failed hand-over the VM is removed, never
-// reused, and the container's record is as before, for a clone.
-func (s *Runtime) takePoolVM(ctx context.Context, sb *store.Sandbox, c *store.Container) (launched, *store.PoolVM, bool) {
+// takePoolVM runs a pool VM for c where one fits, in the pod's cgroup: on a failed hand-over the
+// VM is removed, never reused, with the cgroup made for it, and the container's record is as
+// before, for a clone.
+func (s *Runtime) takePoolVM(ctx context.Context, sb *store.Sandbox, c *store.Container) (launched, *store.PoolVM, vmPlacement, bool) {
 	pv, ps := s.claimPoolVM(c)
 	if pv == nil {
-		return launched{}, nil, false
+		return launched{}, nil, vmPlacement{}, false
 	}
 	if ps != nil {
 		defer ps.close() // once it has run the set-up, or did not
 	}
 	start := time.Now()
-	l, err := s.handOver(ctx, sb, c, pv, ps)
+	l, place, err := s.handOver(ctx, sb, c, pv, ps)
 	if err == nil {
 		if s.cfg.Metrics != nil {
 			s.cfg.Metrics.PoolHandedOver(pv.Ref, time.Since(start))
 		}
 		s.log.Info("warm pool VM handed to the container", "container", c.ID, "vm", pv.Name, "image", pv.Ref)
-		return l, pv, true
+		return l, pv, place, true
 	}
 	s.log.Warn("handing a warm pool VM to the container failed; removing it and cloning", "container", c.ID, "vm", pv.Name, "err", err)
 	if s.cfg.Metrics != nil {
 		s.cfg.Metrics.PoolFellBack(pv.Ref)
 	}
 	s.discardPoolVM(context.WithoutCancel(ctx), pv, sb)
+	if place.cgroup != "" && place.cgroup != pv.Spec.Cgroup {
+		if err := s.dropCgroup(context.WithoutCancel(ctx), place.cgroup, place.created, cgroupRemoveWait); err != nil {
+			s.log.Warn("the cgroup of a failed hand-over is left behind", "container", c.ID, "err", err)
+		}
+	}
 	if _, err := s.store.Containers.Modify(c.ID, func(r *store.Container) error {
 		r.VM.Name, r.VM.ID, r.VM.Pooled = c.VM.Name, "", false
 		return nil
 	}); err != nil {
 		s.log.Error("restoring the container's VM name after a failed hand-over failed", "container", c.ID, "err", err)
 	}
-	return launched{}, nil, false
+	return launched{}, nil, vmPlacement{}, false
 }
 
 // reportPoolReady tells the metrics how many VMs ref's pool has ready.

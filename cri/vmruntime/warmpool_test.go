@@ -460,3 +460,66 @@ func TestPrimedShellsTakeTheHandOver(t *testing.T) {
 		t.Fatalf("primed %q still names the removed VM", got)
 	}
 }
+
+// A pooled VM leaves its pool cgroup for the pod's, as a cloned one joins it; after a failed
+// hand-over the pod's cgroup holds the clone alone, and nothing is left once the pod goes.
+func TestPooledVMJoinsThePodCgroup(t *testing.T) {
+	driver := &fakeCgroups{}
+	n := newFakeNode(t, Config{WarmPools: map[string]int{snapshotRef: 1}, Cgroups: driver})
+	n.cocoon.setCaps(capsV05)
+	n.cocoon.setGuest(poolGuest(nil))
+	pid, _ := hypervisorStandIn(t)
+	n.cocoon.setPID(func() int { return pid })
+	n.importSnapshot(snapshotRef, appSnapshot())
+	ctx := context.Background()
+	podInCgroup := func(name string) (string, string) {
+		cfg := podConfig(name)
+		cfg.Linux = &runtimeapi.LinuxPodSandboxConfig{CgroupParent: "/kubepods/burstable/poduid-" + name}
+		resp, err := n.s.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: cfg, RuntimeHandler: HandlerName})
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := n.createContainer(resp.GetPodSandboxId(), "app", snapshotRef)
+		n.startContainer(id)
+		return resp.GetPodSandboxId(), id
+	}
+	isPoolCgroup := func(g string) bool { return strings.HasPrefix(g, "/cocoon-cri-pool/") }
+
+	n.s.fillPools(ctx)
+	if held := driver.held(); !slices.ContainsFunc(held, isPoolCgroup) {
+		t.Fatalf("the pool VM is in no pool cgroup: %q", held)
+	}
+	webSandbox, web := podInCgroup("web")
+	c := n.container(web)
+	want := "/kubepods/burstable/poduid-web/" + web
+	if !c.VM.Pooled || c.VM.Cgroup != want || c.VM.CgroupCreated != want {
+		t.Fatalf("pooled container's VM %+v, want it in %s", c.VM, want)
+	}
+	if pids := driver.pids(want); len(pids) == 0 || pids[0] != pid {
+		t.Fatalf("cgroup %s holds %v, want the hypervisor %d first", want, pids, pid)
+	}
+	if held := driver.held(); !slices.Equal(held, []string{want}) {
+		t.Fatalf("cgroups after the hand-over %q, want the pod's alone", held)
+	}
+
+	n.s.fillPools(ctx)
+	n.net.failOnce("HandOver", errors.New("netlink: device busy"))
+	_, api := podInCgroup("api")
+	c = n.container(api)
+	want = "/kubepods/burstable/poduid-api/" + api
+	if c.VM.Pooled || c.VM.Cgroup != want || c.State != store.ContainerRunning {
+		t.Fatalf("container after a failed hand-over %+v, want a clone in %s", c.VM, want)
+	}
+	if held := driver.held(); slices.ContainsFunc(held, isPoolCgroup) || !slices.Contains(held, want) {
+		t.Fatalf("cgroups after a failed hand-over %q: the pool VM's is left, or the clone's is missing", held)
+	}
+
+	for _, id := range []string{webSandbox, c.SandboxID} {
+		if _, err := n.s.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if held := driver.held(); len(held) != 0 {
+		t.Fatalf("cgroups left once the pods stopped and the pool is empty: %q", held)
+	}
+}

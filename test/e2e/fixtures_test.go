@@ -24,7 +24,7 @@ func (n *node) podConfig(name, uid string) *runtimeapi.PodSandboxConfig {
 		LogDirectory: filepath.Join(n.PodLogs, "default_"+name+"_"+uid),
 		Labels:       map[string]string{"app": name, "io.kubernetes.pod.name": name, "io.kubernetes.pod.namespace": "default"},
 		Annotations:  map[string]string{"owner": "e2e"},
-		Linux:        &runtimeapi.LinuxPodSandboxConfig{},
+		Linux:        &runtimeapi.LinuxPodSandboxConfig{CgroupParent: n.podCgroupParent},
 	}
 }
 

@@ -28,6 +28,8 @@ import (
 type node struct {
 	*harness.Node
 	t *testing.T
+	// podCgroupParent, when set, is every pod's cgroup_parent, as a kubelet gives one.
+	podCgroupParent string
 }
 
 // newNode starts a daemon; extra are more cocoon-cri flags. Everything is stopped and removed when

@@ -76,7 +76,11 @@ func (n *node) cocoonVMNames(prefix string) []string {
 // the pool refills; a restart adopts the pool; RemoveImage drains it.
 func TestWarmPoolHandsReadyVMsToPods(t *testing.T) {
 	t.Parallel()
+	// The pods have a cgroup parent, as a kubelet's do: a pooled VM leaves the pool's cgroup for it.
+	parent := harness.CgroupParent(t)
+	harness.MakeCgroup(t, parent)
 	n := newNode(t, "--warm-pool", snapRef+"=2")
+	n.podCgroupParent = parent
 	n.ImportImage(snapRef, n.SnapshotImage("web", testimage.SnapshotOptions{Guest: guest.Spec{HTTPPort: 80}}))
 	n.waitPoolReady(2)
 	pool := n.cocoonVMNames("cri-pool-")
@@ -102,6 +106,13 @@ func TestWarmPoolHandsReadyVMsToPods(t *testing.T) {
 		vm, _ := field(n.inspect("inspect", ctr), "info", "vm", "name").(string)
 		if !slices.Contains(pool, vm) {
 			t.Fatalf("pod %s runs VM %q, not one of the pool's %q", name, vm, pool)
+		}
+		if cgroup, pid := parent+"/"+ctr, n.vmPID(ctr); cgroupV1() && procCgroups(t, pid)["memory"] != cgroup ||
+			!cgroupV1() && procCgroups(t, pid)[""] != cgroup {
+			t.Errorf("pod %s's hypervisor %d is in %v, want the pod's cgroup %s", name, pid, procCgroups(t, pid), cgroup)
+		}
+		if left := harness.CgroupDirs("/cocoon-cri-pool/" + strings.TrimPrefix(vm, "cri-")); len(left) != 0 {
+			t.Errorf("pod %s's VM left its pool cgroup behind: %v", name, left)
 		}
 		if out := n.mustCrictl("exec", ctr, "sh", "-c", "hostname; echo $GREETING"); out != name+"\nhello "+name {
 			t.Fatalf("pod %s from the pool: %q, want its own hostname and environment", name, out)
