@@ -17,6 +17,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	containerdtest "github.com/cocoonstack/cocoon-cri/test/containerd"
+	"github.com/cocoonstack/cocoon-cri/test/harness"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
 )
 
@@ -36,7 +37,12 @@ const (
 // poolPods pooled pods at once all running in at most a third of the time as many cold pods take.
 func TestBenchmarkWarmPool(t *testing.T) {
 	out := benchDir(t)
+	// Every pod has a cgroup parent the kubelet made, as under a kubelet: each runtime puts its
+	// containers there.
+	parent := harness.CgroupParent(t)
+	harness.MakeCgroup(t, parent)
 	n, ctrd := newPassthroughNode(t, containerdtest.Options{}, "--warm-pool", pooledRef+"="+strconv.Itoa(poolPods))
+	n.podCgroupParent = parent
 	n.Start()
 	n.ImportImage(pooledRef, n.SnapshotImage("pooled", testimage.SnapshotOptions{}))
 	n.withSnapshot()
