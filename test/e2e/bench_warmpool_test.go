@@ -81,7 +81,7 @@ func TestBenchmarkWarmPool(t *testing.T) {
 	b.WriteString("## Warm pools\n\n")
 	fmt.Fprintf(&b, "VM pods of an image with a warm pool (`--warm-pool %s=%d`) against pods of another snapshot, cloned at "+
 		"StartContainer, and containerd's runc pods of busybox, in one run on one node: %d of each started one at a time, "+
-		"then %d at once of each VM kind, the pool full. Medians, in ms.\n\n", pooledRef, poolPods, poolStarts, poolPods)
+		"then %d at once of each VM kind, the pool full. Every pod has a cgroup parent, as under a kubelet. Medians, in ms.\n\n", pooledRef, poolPods, poolStarts, poolPods)
 	b.WriteString("| | cold (clone) | pooled | containerd (runc) |\n|---|---|---|---|\n")
 	fmt.Fprintf(&b, "| StartContainer | %s | %s | |\n", ms(coldStartP50), ms(pooledStartP50))
 	fmt.Fprintf(&b, "| RunPodSandbox to a running container | %s | %s | %s |\n", ms(quantile(coldRun, 0.5)), ms(pooledRunP50), ms(quantile(runcRun, 0.5)))
