@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -39,10 +40,14 @@ func upCluster(t *testing.T, args ...string) (env map[string]string, nodes []map
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir, err := os.MkdirTemp("", "cluster")
+	// cluster.sh up makes dir afresh; the directory around it records this test binary as its
+	// owner, so that a later run removes the cluster (whose server runs in a session of its own) if
+	// this one is killed.
+	owned, err := harness.MkdirOwned("", "-cluster")
 	if err != nil {
 		t.Fatal(err)
 	}
+	dir := filepath.Join(owned, "cluster")
 	script := func(verb string, args ...string) *exec.Cmd {
 		cmd := exec.Command(filepath.Join(root, "hack", "cluster.sh"), append([]string{verb}, args...)...)
 		cmd.Env = append(os.Environ(), "COCOON_CLUSTER_DIR="+dir, "COCOON_CLUSTER_SERVER="+clusterProgram,
@@ -52,19 +57,33 @@ func upCluster(t *testing.T, args ...string) (env map[string]string, nodes []map
 	t.Cleanup(func() {
 		if t.Failed() {
 			log, _ := os.ReadFile(filepath.Join(dir, "cluster.log"))
-			t.Logf("the cluster's log (last 150 lines):\n%s", harness.LastLines(string(log), 150))
+			// What failed comes first; the daemons' logs, printed as the cluster is undone, last.
+			var failures []string
+			for line := range strings.Lines(string(log)) {
+				if strings.Contains(line, " error: ") {
+					failures = append(failures, line)
+				}
+			}
+			t.Logf("the cluster's failures:\n%s\nthe cluster's log (last 150 lines):\n%s",
+				strings.Join(failures, ""), harness.LastLines(string(log), 150))
 		}
 		if out, err := script("down").CombinedOutput(); err != nil {
 			t.Errorf("hack/cluster.sh down: %v: %s", err, out)
 		}
 		if _, err := os.Stat(dir); !os.IsNotExist(err) {
 			t.Errorf("hack/cluster.sh down left %s", dir)
-			_ = os.RemoveAll(dir)
+		}
+		if err := os.RemoveAll(owned); err != nil {
+			t.Error(err)
 		}
 	})
 	out, err := script("up", args...).Output()
 	if err != nil {
-		t.Fatalf("hack/cluster.sh up: %v", err)
+		var stderr []byte
+		if exit, ok := errors.AsType[*exec.ExitError](err); ok {
+			stderr = exit.Stderr
+		}
+		t.Fatalf("hack/cluster.sh up: %v\n%s", err, stderr)
 	}
 	env = map[string]string{}
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {

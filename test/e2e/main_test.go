@@ -51,7 +51,17 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "e2e: skipped: needs root to create network namespaces")
 		return 0
 	}
-	dir, err := os.MkdirTemp("", "cocoon-cri-e2e-bin")
+	// A run killed before its cleanups (CI cut short, a machine snapshotted mid-run) left nodes
+	// behind: the cluster tests would find the host link taken.
+	swept, err := harness.SweepStale(os.TempDir())
+	if len(swept) > 0 {
+		fmt.Fprintf(os.Stderr, "e2e: removed what killed runs left: %v\n", swept)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
+	dir, err := harness.MkdirOwned("", "-e2e-bin")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

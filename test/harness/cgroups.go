@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -16,30 +17,93 @@ import (
 
 // CgroupParent is a cgroup path the test owns. It is removed from every hierarchy when the
 // test ends, also when it fails, after the node (and with it every VM) is gone: register it before
-// PrepareNode, since cleanups run last-registered first.
+// PrepareNode, since cleanups run last-registered first. Its name holds this process's identity,
+// for SweepStale to remove it should the process be killed first.
 func CgroupParent(t testproc.TB) string {
 	t.Helper()
+	self, err := selfIdentity()
+	if err != nil {
+		t.Fatal(err)
+	}
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
-	parent := "/cocoon-cri-e2e-" + hex.EncodeToString(b)
+	parent := "/" + testCgroupPrefix + formatOwner(self) + "-" + hex.EncodeToString(b)
 	t.Cleanup(func() {
-		for _, d := range CgroupDirs(parent) {
-			var dirs []string
-			_ = filepath.WalkDir(d, func(p string, e os.DirEntry, err error) error {
-				if err == nil && e.IsDir() {
-					dirs = append(dirs, p)
-				}
-				return nil
-			})
-			slices.Reverse(dirs) // children first
-			for _, dir := range dirs {
-				if err := removeCgroupDir(dir); err != nil {
-					t.Errorf("remove test cgroup %s: %v", dir, err)
-				}
-			}
+		if err := removeCgroupTree(parent); err != nil {
+			t.Errorf("remove the test cgroup: %v", err)
 		}
 	})
 	return parent
+}
+
+// testCgroupPrefix begins the name of every cgroup of CgroupParent.
+const testCgroupPrefix = "cocoon-cri-e2e-"
+
+// removeCgroupTree removes cgroup, and every cgroup below it, from every hierarchy, once the
+// processes in them are gone.
+func removeCgroupTree(cgroup string) error {
+	var errs []error
+	for _, d := range CgroupDirs(cgroup) {
+		var dirs []string
+		_ = filepath.WalkDir(d, func(p string, e os.DirEntry, err error) error {
+			if err == nil && e.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+		for _, dir := range slices.Backward(dirs) { // children first
+			if err := removeCgroupDir(dir); err != nil {
+				errs = append(errs, fmt.Errorf("remove cgroup %s: %w", dir, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// sweepTestCgroups removes the cgroups of CgroupParent whose owners have ended, killing what
+// still runs in them first.
+func sweepTestCgroups() error {
+	var errs []error
+	for _, name := range staleTestCgroups() {
+		var pids []int
+		for _, d := range CgroupDirs("/" + name) {
+			_ = filepath.WalkDir(d, func(p string, e os.DirEntry, err error) error {
+				if err == nil && e.Name() == "cgroup.procs" {
+					data, _ := os.ReadFile(p)
+					for _, f := range strings.Fields(string(data)) {
+						if pid, err := strconv.Atoi(f); err == nil && !slices.Contains(pids, pid) {
+							pids = append(pids, pid)
+						}
+					}
+				}
+				return nil
+			})
+		}
+		if left := killAll(pids, 30*time.Second); len(left) > 0 {
+			errs = append(errs, fmt.Errorf("the test cgroup %s: processes %v outlived SIGKILL", name, left))
+			continue
+		}
+		if err := removeCgroupTree("/" + name); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// staleTestCgroups lists the top cgroups of CgroupParent, in any hierarchy, whose owners have
+// ended.
+func staleTestCgroups() []string {
+	var stale []string
+	found, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", testCgroupPrefix+"*"))
+	v2, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", testCgroupPrefix+"*"))
+	for _, d := range append(found, v2...) {
+		name := filepath.Base(d)
+		tag, _, _ := strings.Cut(strings.TrimPrefix(name, testCgroupPrefix), "-")
+		if id, ok := parseOwner(tag); ok && !id.Alive("/proc") && !slices.Contains(stale, name) {
+			stale = append(stale, name)
+		}
+	}
+	return stale
 }
 
 // MakeCgroup creates cgroup in every hierarchy under /sys/fs/cgroup (v1) or in the unified one,
@@ -97,8 +161,13 @@ const poolCgroupRoot = "/cocoon-cri-pool/"
 // poolCgroups lists the warm pool cgroups that processes running for the node are in: a daemon's
 // stop leaves its pool VMs running, for the next start to adopt, and a test has no next start.
 func (n *Node) poolCgroups() []string {
+	return poolCgroupsOf(ProcessesWhose(func(args string) bool { return strings.Contains(args, n.RunDir+"/") }))
+}
+
+// poolCgroupsOf lists the warm pool cgroups that pids are in.
+func poolCgroupsOf(pids []int) []string {
 	var found []string
-	for _, pid := range ProcessesWhose(func(args string) bool { return strings.Contains(args, n.RunDir+"/") }) {
+	for _, pid := range pids {
 		data, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cgroup"))
 		for line := range strings.Lines(string(data)) {
 			parts := strings.SplitN(strings.TrimSpace(line), ":", 3)
@@ -111,14 +180,16 @@ func (n *Node) poolCgroups() []string {
 }
 
 // removeCgroups removes cgroups from every hierarchy.
-func (n *Node) removeCgroups(cgroups []string) {
+func removeCgroups(cgroups []string) error {
+	var errs []error
 	for _, cgroup := range cgroups {
 		for _, d := range CgroupDirs(cgroup) {
 			if err := removeCgroupDir(d); err != nil {
-				n.T.Errorf("remove the pool cgroup %s: %v", d, err)
+				errs = append(errs, fmt.Errorf("remove the pool cgroup %s: %w", d, err))
 			}
 		}
 	}
+	return errors.Join(errs...)
 }
 
 // removeCgroupDir removes the cgroup directory d once the processes in it are gone: killed ones

@@ -36,6 +36,8 @@ const (
 	clusterNodeIP   = "10.89.255.2"
 	clusterLinkBits = 30
 	clusterHostLink = "ccri-cluster"
+	// clusterDir, in the first node's directory, holds the control plane's files.
+	clusterDir      = "cluster"
 	ClusterNodeLink = "eth0"
 	apiServerPort   = "6443"
 	// clusterServiceRange is where Services get their cluster IPs; kube-proxy on every node
@@ -123,7 +125,7 @@ type Cluster struct {
 func startCluster(nodes []*clusterNode) *Cluster {
 	n := nodes[0].n
 	n.T.Helper()
-	c := &Cluster{n: n, dir: filepath.Join(n.Dir, "cluster"), nodes: nodes}
+	c := &Cluster{n: n, dir: filepath.Join(n.Dir, clusterDir), nodes: nodes}
 	if err := os.MkdirAll(c.dir, 0o700); err != nil {
 		n.T.Fatal(err)
 	}

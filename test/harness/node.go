@@ -57,7 +57,7 @@ type Node struct {
 func PrepareNode(t testproc.TB, env []string, extra ...string) *Node {
 	t.Helper()
 	// Not t.TempDir: a unix socket path must stay under 108 bytes, and test names are long.
-	dir, err := os.MkdirTemp("", "ccri")
+	dir, err := MkdirOwned("", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,7 +232,9 @@ func (n *Node) cleanup() {
 		n.T.Errorf("stop guests: %v", err)
 	}
 	n.killCocoonProcesses()
-	n.removeCgroups(poolCgroups)
+	if err := removeCgroups(poolCgroups); err != nil {
+		n.T.Errorf("%v", err)
+	}
 	for _, dir := range []string{n.NetnsDir, n.VMNetns, filepath.Dir(n.NodeNS)} {
 		entries, _ := os.ReadDir(dir)
 		for _, e := range entries {

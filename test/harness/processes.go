@@ -31,26 +31,39 @@ func (n *Node) killCocoonProcesses() {
 		return
 	}
 	n.T.Logf("killing cocoon processes left by the node: %v", left)
-	for _, pid := range left {
+	if left = killAll(left, 30*time.Second); len(left) > 0 {
+		n.T.Errorf("cocoon processes %v outlived SIGKILL", left)
+	}
+}
+
+// killAll sends SIGKILL to pids and waits, at most within, until they have ended; it returns
+// those that have not.
+func killAll(pids []int, within time.Duration) []int {
+	for _, pid := range pids {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+	left := slices.Clone(pids)
+	for deadline := time.Now().Add(within); ; time.Sleep(50 * time.Millisecond) {
 		left = slices.DeleteFunc(left, func(pid int) bool { return !testproc.Running(pid) })
-		if len(left) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			n.T.Errorf("cocoon processes %v outlived SIGKILL", left)
-			return
+		if len(left) == 0 || time.Now().After(deadline) {
+			return left
 		}
 	}
 }
 
 // MountsUnder lists the mount points below dir, in the order they were mounted.
 func MountsUnder(t testproc.TB, dir string) []string {
-	data, err := os.ReadFile("/proc/self/mountinfo")
+	mounts, err := mountsUnder(dir)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return mounts
+}
+
+func mountsUnder(dir string) ([]string, error) {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
 	}
 	var out []string
 	for line := range strings.Lines(string(data)) {
@@ -58,7 +71,7 @@ func MountsUnder(t testproc.TB, dir string) []string {
 			out = append(out, fields[4])
 		}
 	}
-	return out
+	return out, nil
 }
 
 // ProcessesWhose lists the PIDs of the live processes whose command line (arguments joined by

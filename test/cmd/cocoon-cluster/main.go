@@ -7,7 +7,8 @@
 // It writes <dir>/env (the exports for kubectl, crictl and the registry) and <dir>/node,
 // <dir>/node-2 … (where each node keeps its files) once everything is up, and serves until SIGTERM
 // or SIGINT. Then it stops every process it started, by PID, and removes every namespace, mount,
-// cgroup and file, as the tests do when they end; a failure on the way up undoes the same.
+// cgroup and file, as the tests do when they end; a failure on the way up undoes the same. Before
+// it starts, it removes what killed runs left (harness.SweepStale).
 package main
 
 import (
@@ -56,6 +57,15 @@ func main() {
 	signal.Notify(stop, syscall.SIGTERM, os.Interrupt)
 	r := newRunner(os.Stderr)
 	os.Exit(r.run(func() {
+		// A cluster killed before its cleanups (kill -9, a test run cut short) left its nodes and
+		// the host link this one needs.
+		swept, err := harness.SweepStale(os.TempDir())
+		if len(swept) > 0 {
+			r.Logf("removed what killed runs left: %v", swept)
+		}
+		if err != nil {
+			r.Fatal(err)
+		}
 		c := harness.UpCluster(r, *nodes)
 		if err := c.WriteFiles(*dir); err != nil {
 			r.Fatal(err)

@@ -8,6 +8,8 @@ import (
 	"runtime/debug"
 	"slices"
 	"sync"
+
+	"github.com/cocoonstack/cocoon-cri/test/harness"
 )
 
 // runner is what the harness asks of a test (testproc.TB), for a program: it logs, remembers
@@ -97,9 +99,10 @@ func (r *runner) Failed() bool {
 	return r.failed
 }
 
-// TempDir is a new directory, removed with the cleanups.
+// TempDir is a new directory, removed with the cleanups, or by the next SweepStale if the program
+// is killed.
 func (r *runner) TempDir() string {
-	dir, err := os.MkdirTemp("", "cocoon-cluster")
+	dir, err := harness.MkdirOwned("", "-cluster-run")
 	if err != nil {
 		r.Fatal(err)
 	}
