@@ -242,7 +242,7 @@ func (vs *volumeCopier) keepInStep(ctx context.Context, sb *store.Sandbox, c *st
 }
 
 // sync brings one copy in step with the host. A guest that lost its copy (it rebooted) gets
-// a full one.
+// a full one; a volume that changed while it was read is read again.
 func (vs *volumeCopier) sync(ctx context.Context, sb *store.Sandbox, c *store.Container, vc *volumeCopy) error {
 	source, err := volumeSource(vc.mount.GetHostPath(), false)
 	if err != nil {
@@ -252,7 +252,7 @@ func (vs *volumeCopier) sync(ctx context.Context, sb *store.Sandbox, c *store.Co
 	if err != nil {
 		return err
 	}
-	for range 2 {
+	for range 3 {
 		u := guestvolume.Diff(vc.last, next)
 		if u.Empty() {
 			return nil
@@ -264,6 +264,13 @@ func (vs *volumeCopier) sync(ctx context.Context, sb *store.Sandbox, c *store.Co
 		case code == guestvolume.ExitLost && !u.Full:
 			vc.last = nil
 			continue
+		case code == guestvolume.ExitIncomplete:
+			// The volume changed while it was read (the kubelet swapped a ConfigMap's data): the
+			// guest kept its copy as it was; read the volume again.
+			if next, err = guestvolume.Scan(source, vs.limits()); err != nil {
+				return err
+			}
+			continue
 		case code != 0:
 			return fmt.Errorf("the guest's copy command exited with %d: %s", code, strings.TrimSpace(out))
 		}
@@ -274,7 +281,7 @@ func (vs *volumeCopier) sync(ctx context.Context, sb *store.Sandbox, c *store.Co
 		vc.last = &next
 		return nil
 	}
-	return errors.New("the guest lost its copy twice in a row")
+	return errors.New("the guest lost its copy, or the volume changed while it was read, three times in a row")
 }
 
 // runUpdate runs the update's script in the guest with its tar stream on stdin.

@@ -50,6 +50,13 @@ func newGuest(t *testing.T, userland string, target string) *guest {
 // sync scans root and applies what changed, as cocoon-cri does; it returns the script's exit code.
 func (g *guest) sync(root string) int {
 	g.t.Helper()
+	return g.syncChanging(root, nil)
+}
+
+// syncChanging is sync with change, when not nil, run between the scan and the read of the files:
+// the stream the host writes then, cut short if a file it scanned is gone, is what the guest gets.
+func (g *guest) syncChanging(root string, change func()) int {
+	g.t.Helper()
 	next, err := Scan(root, limits)
 	if err != nil {
 		g.t.Fatal(err)
@@ -58,8 +65,11 @@ func (g *guest) sync(root string) int {
 	if u.Empty() {
 		return 0
 	}
+	if change != nil {
+		change()
+	}
 	var in bytes.Buffer
-	if err := u.WriteTar(&in, root, next); err != nil {
+	if err := u.WriteTar(&in, root, next); err != nil && change == nil {
 		g.t.Fatal(err)
 	}
 	cmd := exec.Command("unshare", "-m", "--propagation", "private", g.shell, "-c", u.Script(g.v, next.File))
@@ -177,6 +187,44 @@ func TestConfigMapSwapsReachTheCopy(t *testing.T) {
 			}
 			if _, err := os.Stat(g.v.DataDir + ".stage"); err == nil {
 				t.Fatal("the staging directory is left behind")
+			}
+		})
+	}
+}
+
+// TestACutStreamChangesNothing: a ConfigMap swapped between the scan and the read of its files
+// (its old data directory gone) cuts the stream short; the guest applies none of it, even a full
+// update that would have removed what the stream lacks, and the next sync brings the swap.
+func TestACutStreamChangesNothing(t *testing.T) {
+	for _, userland := range []string{"gnu", "busybox"} {
+		t.Run(userland, func(t *testing.T) {
+			g := newGuest(t, userland, filepath.Join(t.TempDir(), "etc", "app"))
+			host := t.TempDir()
+			atomicWrite(t, host, "..2026_11_25_10_00_00.1", map[string]string{"a": "one"})
+			if code := g.sync(host); code != 0 {
+				t.Fatalf("first delivery: exit %d", code)
+			}
+			before := listing(t, g.v.DataDir)
+			g.tree = nil // a full update, as after a restart of cocoon-cri
+			code := g.syncChanging(host, func() {
+				atomicWrite(t, host, "..2026_11_25_10_01_00.2", map[string]string{"a": "uno"})
+			})
+			if code != ExitIncomplete {
+				t.Fatalf("a cut stream: exit %d, want %d", code, ExitIncomplete)
+			}
+			if got := listing(t, g.v.DataDir); !slices.Equal(got, before) {
+				t.Fatalf("a cut stream changed the copy:\n%q\nwant\n%q", got, before)
+			}
+			if _, err := os.Stat(g.v.DataDir + ".stage"); err == nil {
+				t.Fatal("the staging directory is left behind")
+			}
+			if code := g.sync(host); code != 0 {
+				t.Fatalf("the next sync: exit %d", code)
+			}
+			want := []string{"..2026_11_25_10_01_00.2/", "..2026_11_25_10_01_00.2/a = uno -rw-r--r--",
+				"..data -> ..2026_11_25_10_01_00.2", "a -> ..data/a"}
+			if got := listing(t, g.v.DataDir); !slices.Equal(got, want) {
+				t.Fatalf("after the next sync:\n%q\nwant\n%q", got, want)
 			}
 		})
 	}

@@ -5,9 +5,15 @@ import (
 	"strings"
 )
 
-// ExitLost is the exit code of an update script that finds the guest without the copy it was
-// meant to update (the guest rebooted, its /run is new): the caller sends a full update.
-const ExitLost = 97
+// Exit codes of an update script, besides its commands' own.
+const (
+	// ExitLost: the guest is without the copy the update was meant for (the guest rebooted, its
+	// /run is new): the caller sends a full update.
+	ExitLost = 97
+	// ExitIncomplete: the tar stream ended before its last entry, and nothing of it was applied:
+	// the caller scans the volume again and sends a new update.
+	ExitIncomplete = 98
+)
 
 // Volume is where a copy lives in the guest and where the container sees it.
 type Volume struct {
@@ -36,7 +42,8 @@ func (u Update) Script(v Volume, file bool) string {
 	case !u.Full:
 		fmt.Fprintf(&b, "[ -e \"$d.mounted\" ] || exit %d\n", ExitLost)
 	}
-	b.WriteString("rm -rf \"$s\"\nmkdir -p \"$d\" \"$s\"\ntar -xf - -C \"$s\"\ncd \"$d\"\n")
+	b.WriteString("rm -rf \"$s\"\nmkdir -p \"$d\" \"$s\"\ntar -xf - -C \"$s\"\n")
+	fmt.Fprintf(&b, "[ -e \"$s/%s\" ] || { rm -rf \"$s\"; exit %d; }\ncd \"$d\"\n", stageComplete, ExitIncomplete)
 	if u.Full && !file {
 		// What the guest has and the tree lacks, or has as another kind, goes first.
 		b.WriteString(`find . -mindepth 1 -depth | while IFS= read -r p; do

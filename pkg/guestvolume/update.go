@@ -83,11 +83,16 @@ const (
 	stageLinks   = "l"
 	stageReplace = "replace"
 	stageRemove  = "remove"
+	// stageComplete ends every stream: a stream cut short (the host's read of a file failed, the
+	// volume changing under it) lacks it, and the guest applies nothing of it. tar takes a stream
+	// cut between two entries for a whole one.
+	stageComplete = "complete"
 )
 
 // WriteTar writes the update for the tree read from root as the tar stream the guest's command
 // extracts. Files are read as they are now: one that changed since the scan is sent as it is, and
-// the next scan sees the change again.
+// the next scan sees the change again; one that is gone fails the stream, whose end (stageComplete)
+// then never comes, and the guest applies none of it (ExitIncomplete).
 func (u Update) WriteTar(w io.Writer, root string, t Tree) error {
 	tw := tar.NewWriter(w)
 	now := time.Now()
@@ -120,6 +125,9 @@ func (u Update) WriteTar(w io.Writer, root string, t Tree) error {
 		if err := tw.WriteHeader(hdr); err != nil {
 			return err
 		}
+	}
+	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: stageComplete, Mode: 0o600, ModTime: now}); err != nil {
+		return err
 	}
 	return tw.Close()
 }
