@@ -67,6 +67,7 @@ func (s *Runtime) startIO(sb *store.Sandbox, c *store.Container) {
 	}, consoleSink, log)
 	if len(argv) > 0 {
 		cio.main = newMainProcess(c.Config.Msg, argv, cio.log)
+		cio.main.adopted = c.MainDetached
 	}
 	s.iosMu.Lock()
 	s.ios[c.ID] = cio
@@ -114,9 +115,7 @@ func (s *Runtime) runGuest(ctx context.Context, sb *store.Sandbox, c *store.Cont
 	close(cio.setUp)
 	go s.volumes.keepInStep(ctx, sb, c, volumes, s.log.With("container", c.ID, "vm", c.VM.Name))
 	if cio.main != nil {
-		code, err := cio.main.run(func(stdio streaming.ExecIO) (int, error) {
-			return s.guest.run(ctx, sb, c, containerCommand(c.Config.Msg, cio.main.argv), stdio)
-		})
+		code, err := s.runMain(ctx, sb, c, cio.main)
 		s.mainExited(ctx, sb.ID, c.ID, code, err)
 	}
 }

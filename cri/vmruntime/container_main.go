@@ -2,6 +2,7 @@ package vmruntime
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"sync"
@@ -30,6 +31,10 @@ type mainProcess struct {
 
 	mu       sync.Mutex
 	attached bool // a StdinOnce container's stdin closes after its first attach session
+
+	// adopted: the command was launched detached by an earlier cocoon-cri, and is followed again.
+	adopted bool
+	follow  followGate
 }
 
 func newMainProcess(cfg *runtimeapi.ContainerConfig, argv []string, log *streaming.LogWriter) *mainProcess {
@@ -108,7 +113,10 @@ func (s *Runtime) mainExited(ctx context.Context, sandboxID, containerID string,
 	if code != 0 {
 		status.reason = reasonError
 	}
-	if runErr != nil {
+	switch {
+	case errors.Is(runErr, errMainProcessLost):
+		status = exitStatus{code: killedExitCode, reason: reasonMainProcessLost, message: runErr.Error()}
+	case runErr != nil:
 		status = exitStatus{code: startErrorExitCode, reason: reasonGuestExecError, message: runErr.Error()}
 	}
 	if err := s.powerOff(context.WithoutCancel(ctx), sb, c, mainExitStopTimeout); err != nil {

@@ -317,14 +317,23 @@ func (s *Runtime) Hibernate(ctx context.Context, containerID string) error {
 		return err
 	}
 	start := s.nowFunc()
+	// The session that follows a detached command ends first: the command runs on in the saved
+	// guest, and the wake follows it again.
+	follow := s.followGateOf(c.ID)
+	if err := follow.pause(ctx); err != nil {
+		follow.resume()
+		return err
+	}
 	if _, err := s.store.Containers.Modify(c.ID, func(r *store.Container) error {
 		r.VM.Hibernation = store.Hibernation{Snapshot: name}
 		return nil
 	}); err != nil {
+		follow.resume()
 		return fmt.Errorf("record the hibernation: %w", err)
 	}
 	if err := s.cocoonFor(sb).VMHibernate(ctx, c.VM.ID, name); err != nil {
 		s.forgetHibernation(ctx, c.ID, name)
+		follow.resume()
 		if s.cfg.Metrics != nil {
 			s.cfg.Metrics.HibernationFailed(s.nowFunc().Sub(start))
 		}
@@ -361,8 +370,9 @@ func (s *Runtime) cannotHibernate(ctx context.Context, c *store.Container) strin
 		return fmt.Sprintf("cocoon %s has no vm hibernate (v0.5 and later have)", caps.Version)
 	case c.VM.Share.Attached:
 		return "its volumes are shared with the guest over virtio-fs, and cocoon cannot save a VM with a share attached"
-	case len(mainCommand(c.Config.Msg)) > 0:
-		return "its command runs through the guest agent, and a hibernation would cut the command's session"
+	case len(mainCommand(c.Config.Msg)) > 0 && !c.MainDetached:
+		return "its command runs in a session of cocoon-cri's, which a hibernation would cut " +
+			"(it has a terminal or stdin, or its guest cannot run it apart: Windows, or no setsid or mkfifo)"
 	}
 	return ""
 }
@@ -487,7 +497,17 @@ func (s *Runtime) recordWoken(sb *store.Sandbox, c *store.Container, vm *cocoon.
 	if cio := s.ioOf(c.ID); cio != nil && cio.resumeGuest != nil {
 		cio.resumeGuest()
 	}
+	s.followGateOf(c.ID).resume()
 	return nil
+}
+
+// followGateOf is the gate of the session that follows the container's detached command; one
+// that gates nothing when there is none.
+func (s *Runtime) followGateOf(containerID string) *followGate {
+	if cio := s.ioOf(containerID); cio != nil && cio.main != nil {
+		return &cio.main.follow
+	}
+	return &followGate{}
 }
 
 // inUse marks a use of the container's VM that lasts until the returned release, waking the VM

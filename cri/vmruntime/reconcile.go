@@ -157,15 +157,15 @@ func (s *Runtime) handleOrphans(ctx context.Context, vms []cocoon.VM) {
 }
 
 // resumeIO picks up a running container's streams after a restart: the console (and with it the
-// log) is the VM's and goes on. A main process ran through a cocoon vm exec that ended with the
-// old cocoon-cri, so its exit status is lost: the container exits, and its VM stops, so the
-// kubelet restarts it the usual way.
+// log) is the VM's and goes on, and so does a command launched detached, which is followed again.
+// A command that ran in a session of the old cocoon-cri ended with it, and its exit status is
+// lost: the container exits, and its VM stops, so the kubelet restarts it the usual way.
 func (s *Runtime) resumeIO(ctx context.Context, c *store.Container) {
 	sb, err := s.store.Sandboxes.Get(c.SandboxID)
 	if err != nil {
 		return
 	}
-	if len(mainCommand(c.Config.Msg)) == 0 {
+	if len(mainCommand(c.Config.Msg)) == 0 || c.MainDetached {
 		s.startIO(sb, c)
 		return
 	}
@@ -180,5 +180,6 @@ func (s *Runtime) resumeIO(ctx context.Context, c *store.Container) {
 	}
 }
 
-// reasonMainProcessLost: the container's command was cut off by a restart of cocoon-cri.
+// reasonMainProcessLost: the container's command was cut off by a restart of cocoon-cri, or was
+// gone from its guest when followed again.
 const reasonMainProcessLost = "MainProcessLost"

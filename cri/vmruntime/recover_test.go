@@ -242,8 +242,9 @@ func TestRecoverRollsBackAnInterruptedRunPodSandbox(t *testing.T) {
 	n.runPod("web")
 }
 
-// A container whose command ran under the old cocoon-cri lost its exit status: the restart stops
-// its VM and records it exited, so the kubelet restarts it the usual way.
+// A container whose command ran in a session of the old cocoon-cri (it takes stdin) lost its
+// exit status: the restart stops its VM and records it exited, so the kubelet restarts it the usual
+// way.
 func TestRecoverEndsAContainerWhoseCommandWasLost(t *testing.T) {
 	n := newFakeNode(t, Config{})
 	n.cocoon.setCaps(capsV05)
@@ -262,7 +263,7 @@ func TestRecoverEndsAContainerWhoseCommandWasLost(t *testing.T) {
 	n.importSnapshot(snapshotRef, appSnapshot())
 	sandboxID := n.runPod("web")
 	cfg := containerConfig("app", snapshotRef)
-	cfg.Command = []string{"sleep", "infinity"}
+	cfg.Command, cfg.Stdin = []string{"sleep", "infinity"}, true
 	resp, err := n.s.CreateContainer(context.Background(), &runtimeapi.CreateContainerRequest{PodSandboxId: sandboxID, Config: cfg})
 	if err != nil {
 		t.Fatal(err)

@@ -128,7 +128,11 @@ type Container struct {
 	ExitCode   int32  `json:"exit_code,omitempty"`
 	Reason     string `json:"reason,omitempty"`
 	Message    string `json:"message,omitempty"`
-	VM         VM     `json:"vm"`
+	// MainDetached: the container's command runs in its guest apart from any session of
+	// cocoon-cri's, its output in pipes there that cocoon-cri follows, so that a hibernation or a
+	// restart of cocoon-cri does not cut it. Recorded before the command is launched.
+	MainDetached bool `json:"main_detached,omitempty"`
+	VM           VM   `json:"vm"`
 }
 
 // VMMode says how a container's VM is made.

@@ -139,3 +139,36 @@ func TestIdlePodHibernatesAndWakesOnUse(t *testing.T) {
 		t.Fatalf("a hibernation's snapshot left after the removal: %s", snaps)
 	}
 }
+
+// TestPodWithACommandHibernates: a container whose command runs detached hibernates like one
+// whose VM's init is the workload: its hypervisor ends, it stays RUNNING with the command's output
+// in its log, and an exec wakes it. The simulator's guest keeps no processes across the
+// hibernation (a real guest's memory holds them), so the woken container then ends as
+// MainProcessLost: the command left no exit status, and is not run again.
+func TestPodWithACommandHibernates(t *testing.T) {
+	t.Parallel()
+	n := newNode(t)
+	n.withSnapshot()
+	_, ctr, _ := n.runningPodAnnotated("worker", snapRef, map[string]string{vmruntime.AnnotationHibernateAfter: "2s"}, func(cfg *runtimeapi.ContainerConfig) {
+		cfg.Command = []string{"sh", "-c", "echo working; exec sleep 3600"}
+	})
+	n.waitLog(ctr, "working")
+	pid := n.vmPID(ctr)
+	info := n.waitHibernated(ctr)
+	if state := field(info, "status", "state"); state != "CONTAINER_RUNNING" {
+		t.Fatalf("a hibernated container is %v", state)
+	}
+	if testproc.Running(pid) {
+		t.Fatalf("the hypervisor (PID %d) of a hibernated VM still runs", pid)
+	}
+	// The exec wakes the VM. Whether it gets to run depends on how soon the woken container is
+	// found without its command, and stopped.
+	_, _ = n.crictl("exec", ctr, "hostname")
+	st := n.waitExited(ctr)
+	if st["reason"] != "MainProcessLost" || st["exitCode"] != 137.0 {
+		t.Fatalf("the woken container whose guest lost the command: %v", st)
+	}
+	if got := n.mustCrictl("logs", ctr); got != "working" {
+		t.Fatalf("the log: %q", got)
+	}
+}

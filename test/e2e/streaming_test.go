@@ -424,8 +424,10 @@ func sshKeyPair(t *testing.T) (keyFile, authorized string) {
 }
 
 // TestStreamsAcrossARestart: after cocoon-cri restarts, a running VM's console is the container's
-// log again and attach reaches it; a container whose command ran under the old daemon is recorded
-// exited (MainProcessLost) and its VM powered off, so the kubelet restarts it.
+// log again and attach reaches it; a container whose command runs detached runs on, its log goes on
+// and its exit status is the container's; one whose command ran in the old daemon's session (it
+// takes stdin) is recorded exited (MainProcessLost) and its VM powered off, so the kubelet
+// restarts it.
 func TestStreamsAcrossARestart(t *testing.T) {
 	t.Parallel()
 	n := newNode(t)
@@ -437,10 +439,17 @@ func TestStreamsAcrossARestart(t *testing.T) {
 	podFile := n.configFile("job-pod.json", n.podConfig("job", "uid-job"))
 	podID := n.mustCrictl("runp", "--runtime", "cocoon", podFile)
 	cfg := containerConfig("work", snapRef)
-	cfg.Command = []string{"sh", "-c", "echo started; sleep 3600"}
+	cfg.Command = []string{"sh", "-c", "echo started; while [ ! -e /tmp/go ]; do sleep 0.1; done; echo finished; exit 3"}
 	cmdCtr := n.startContainer(podID, podFile, cfg)
 	n.waitLog(cmdCtr, "started")
-	cmdVM := n.vmPID(cmdCtr)
+
+	sessionPodFile := n.configFile("session-pod.json", n.podConfig("session", "uid-session"))
+	sessionPodID := n.mustCrictl("runp", "--runtime", "cocoon", sessionPodFile)
+	cfg = containerConfig("session", snapRef)
+	cfg.Command, cfg.Stdin = []string{"sh", "-c", "echo started; sleep 3600"}, true
+	sessionCtr := n.startContainer(sessionPodID, sessionPodFile, cfg)
+	n.waitLog(sessionCtr, "started")
+	sessionVM := n.vmPID(sessionCtr)
 
 	n.Restart()
 
@@ -459,17 +468,29 @@ func TestStreamsAcrossARestart(t *testing.T) {
 		t.Fatalf("the log after the restart lost or repeated the boot lines:\n%s", logged)
 	}
 
-	st := n.waitExited(cmdCtr)
+	st := n.waitExited(sessionCtr)
 	if st["reason"] != "MainProcessLost" || st["exitCode"] != 137.0 {
-		t.Fatalf("a command cut off by the restart: %v", st)
+		t.Fatalf("a command in the old daemon's session: %v", st)
 	}
-	for deadline := time.Now().Add(30 * time.Second); testproc.Running(cmdVM); time.Sleep(100 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); testproc.Running(sessionVM); time.Sleep(100 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the VM of the lost command runs on")
 		}
 	}
-	if got := n.mustCrictl("logs", cmdCtr); got != "started" {
+	if got := n.mustCrictl("logs", sessionCtr); got != "started" {
 		t.Fatalf("the lost command's log: %q", got)
+	}
+
+	if state := n.inspect("inspect", cmdCtr)["status"].(map[string]any)["state"]; state != "CONTAINER_RUNNING" {
+		t.Fatalf("the detached command's container after the restart: %v", state)
+	}
+	n.mustCrictl("exec", cmdCtr, "touch", "/tmp/go")
+	st = n.waitExited(cmdCtr)
+	if st["reason"] != "Error" || st["exitCode"] != 3.0 {
+		t.Fatalf("the detached command's end after the restart: %v", st)
+	}
+	if got := n.mustCrictl("logs", cmdCtr); got != "started\nfinished" {
+		t.Fatalf("the detached command's log: %q", got)
 	}
 }
 
