@@ -32,6 +32,21 @@ func (n *node) waitHibernated(ctrID string) map[string]any {
 	}
 }
 
+// waitHibernatedAway waits until the running container's VM hibernated, and checks that the
+// container stays RUNNING while its hypervisor is gone; it returns what crictl inspect shows.
+func (n *node) waitHibernatedAway(ctrID string) map[string]any {
+	n.t.Helper()
+	pid := n.vmPID(ctrID)
+	info := n.waitHibernated(ctrID)
+	if state := field(info, "status", "state"); state != "CONTAINER_RUNNING" {
+		n.t.Fatalf("a hibernated container is %v", state)
+	}
+	if testproc.Running(pid) {
+		n.t.Fatalf("the hypervisor (PID %d) of a hibernated VM still runs", pid)
+	}
+	return info
+}
+
 // awake says whether crictl inspect shows the container's VM awake.
 func (n *node) awake(ctrID string) bool {
 	n.t.Helper()
@@ -69,15 +84,8 @@ func TestIdlePodHibernatesAndWakesOnUse(t *testing.T) {
 	// it would wake an hour and the hibernated time behind (the simulated guest's clock resumes
 	// where its snapshot left it, as a real one does).
 	n.mustCrictl("exec", ctr, "sh", "-c", "echo kept > /dev/shm/state; date -s @$(( $(date +%s) - 3600 )) >/dev/null")
-	pid := n.vmPID(ctr)
 
-	info := n.waitHibernated(ctr)
-	if state := field(info, "status", "state"); state != "CONTAINER_RUNNING" {
-		t.Fatalf("a hibernated container is %v", state)
-	}
-	if testproc.Running(pid) {
-		t.Fatalf("the hypervisor (PID %d) of a hibernated VM still runs", pid)
-	}
+	info := n.waitHibernatedAway(ctr)
 	snap, _ := field(info, "info", "hibernation", "snapshot").(string)
 	if snaps, _ := n.cocoon("snapshot", "list", "-o", "json"); snap == "" || !strings.Contains(snaps, snap) {
 		t.Fatalf("the hibernation's snapshot %q is not in cocoon: %s", snap, snaps)
@@ -153,14 +161,7 @@ func TestPodWithACommandHibernates(t *testing.T) {
 		cfg.Command = []string{"sh", "-c", "echo working; exec sleep 3600"}
 	})
 	n.waitLog(ctr, "working")
-	pid := n.vmPID(ctr)
-	info := n.waitHibernated(ctr)
-	if state := field(info, "status", "state"); state != "CONTAINER_RUNNING" {
-		t.Fatalf("a hibernated container is %v", state)
-	}
-	if testproc.Running(pid) {
-		t.Fatalf("the hypervisor (PID %d) of a hibernated VM still runs", pid)
-	}
+	n.waitHibernatedAway(ctr)
 	// The exec wakes the VM. Whether it gets to run depends on how soon the woken container is
 	// found without its command, and stopped.
 	_, _ = n.crictl("exec", ctr, "hostname")

@@ -51,20 +51,24 @@ spec:
     command: [sh, -c, "mkdir -p /tmp/www && echo client here > /tmp/www/index.html && exec httpd -f -p 8080 -h /tmp/www"]
 `
 
-// sleepyPod is a VM pod on the second node that hibernates after 2 s of idleness, behind a
-// Service.
-const sleepyPod = `apiVersion: v1
-kind: Pod
-metadata:
-  name: sleepy
-  labels: {app: sleepy}
-  annotations: {vm.cocoonstack.io/hibernate-after: 2s}
+// sleepyDeployment is a Deployment of one VM pod on the second node that hibernates after 2 s of
+// idleness, behind a Service.
+const sleepyDeployment = `apiVersion: apps/v1
+kind: Deployment
+metadata: {name: sleepy}
 spec:
-  nodeName: cocoon-node-2
-  runtimeClassName: cocoon
-  terminationGracePeriodSeconds: 5
-  containers:
-  - {name: sleepy, image: ` + harness.ClusterWebImage + `, imagePullPolicy: Never}
+  replicas: 1
+  selector: {matchLabels: {app: sleepy}}
+  template:
+    metadata:
+      labels: {app: sleepy}
+      annotations: {vm.cocoonstack.io/hibernate-after: 2s}
+    spec:
+      nodeName: cocoon-node-2
+      runtimeClassName: cocoon
+      terminationGracePeriodSeconds: 5
+      containers:
+      - {name: sleepy, image: ` + harness.ClusterWebImage + `, imagePullPolicy: Never}
 ---
 apiVersion: v1
 kind: Service
@@ -98,8 +102,8 @@ func httpGetWithNC(k kubectlUser, pod, hostport string) (string, error) {
 // TestClusterOfTwoNodes: hack/cluster.sh up --nodes 2 brings up two nodes joined by one network,
 // with kube-proxy on each, CoreDNS, and a registry both pull from. An ordinary pod on the first
 // node reaches a VM pod on the second by pod IP and through a ClusterIP Service, and the VM pod
-// reaches it back; both resolve the Service's name. A VM pod hibernated when idle wakes on a request through its Service from the other
-// node. An OCI VM image pushed once to the registry runs on both nodes. A VM pod moves: it is
+// reaches it back; both resolve the Service's name. A Deployment's VM pod hibernated when idle
+// wakes on a request through its Service from the other node, and on kubectl exec. An OCI VM image pushed once to the registry runs on both nodes. A VM pod moves: it is
 // checkpointed on the first node through the kubelet's API, the archive pushed with cocoon-cri
 // image push, and a pod of it on the second node resumes the guest's memory with an identity of
 // its own, the second node fetching the base image it never had; a snapshot whose base is nowhere
@@ -152,25 +156,29 @@ func TestClusterOfTwoNodes(t *testing.T) {
 		t.Errorf("the VM pod's resolv.conf: %q", out)
 	}
 
-	// A VM pod that hibernates when idle wakes on its first packet, here one a Service on the
-	// other node sent on.
-	if _, err := k.run(strings.NewReader(sleepyPod), "apply", "-f", "-"); err != nil {
+	// The VM pod of a Deployment that hibernates when idle wakes on its first packet, here one a
+	// Service on the other node sent on, and on kubectl exec.
+	if _, err := k.run(strings.NewReader(sleepyDeployment), "apply", "-f", "-"); err != nil {
 		t.Fatal(err)
 	}
-	k.must("wait", "--for=condition=Ready", "--timeout=180s", "pod/sleepy")
+	k.must("rollout", "status", "deployment/sleepy", "--timeout=180s")
 	secondCRI := "unix://" + nodes[1]["socket"]
 	sleepy := mustCrictlOn(t, secondCRI, "ps", "--name", "^sleepy$", "-q")
-	k.eventually("the idle VM pod hibernated", func() error {
-		var info struct {
-			Info struct {
-				Hibernation struct{ Hibernated bool } `json:"hibernation"`
-			} `json:"info"`
-		}
-		if err := json.Unmarshal([]byte(mustCrictlOn(t, secondCRI, "inspect", sleepy)), &info); err != nil || !info.Info.Hibernation.Hibernated {
-			return fmt.Errorf("not hibernated (%v)", err)
-		}
-		return nil
-	})
+	hibernated := func() {
+		t.Helper()
+		k.eventually("the idle VM pod hibernated", func() error {
+			var info struct {
+				Info struct {
+					Hibernation struct{ Hibernated bool } `json:"hibernation"`
+				} `json:"info"`
+			}
+			if err := json.Unmarshal([]byte(mustCrictlOn(t, secondCRI, "inspect", sleepy)), &info); err != nil || !info.Info.Hibernation.Hibernated {
+				return fmt.Errorf("not hibernated (%v)", err)
+			}
+			return nil
+		})
+	}
+	hibernated()
 	sleepyIP := k.must("get", "service", "sleepy", "-o", "jsonpath={.spec.clusterIP}")
 	k.eventually("the hibernated VM pod answers through its Service", func() error {
 		out, err := httpGetWithNC(k, "client", net.JoinHostPort(sleepyIP, "80"))
@@ -179,6 +187,10 @@ func TestClusterOfTwoNodes(t *testing.T) {
 		}
 		return err
 	})
+	hibernated()
+	if out := k.must("exec", "deployment/sleepy", "--", "cat", "/etc/hostname"); !strings.HasPrefix(out, "sleepy-") {
+		t.Errorf("kubectl exec in the hibernated VM pod: %q", out)
+	}
 
 	// An OCI VM image pushed once runs on every node: the kubelet pulls it (containerd fetches
 	// it, cocoon brings it in for the VM pod).
@@ -260,6 +272,7 @@ func TestClusterOfTwoNodes(t *testing.T) {
 		t.Errorf("the registry's image on the second node: hostname %q", out)
 	}
 
+	k.must("delete", "deployment", "sleepy", "--wait", "--timeout=180s")
 	k.must("delete", "pod", "--all", "--wait", "--timeout=180s")
 	k.eventually("nothing left of the pods on either node", func() error {
 		var left []string
