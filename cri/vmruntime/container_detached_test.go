@@ -106,6 +106,16 @@ func (n *fakeNode) startCommand(sandboxID, script string, env map[string]string)
 	return resp.GetContainerId()
 }
 
+// hibernate hibernates the container once its guest's set-up is over, as an idle one would be:
+// a VM hibernated in the middle of it leaves the set-up waiting for the guest.
+func (n *fakeNode) hibernate(id string) {
+	n.t.Helper()
+	settle(n.s)
+	if err := n.s.Hibernate(context.Background(), id); err != nil {
+		n.t.Fatalf("a container with a detached command did not hibernate: %v", err)
+	}
+}
+
 func (n *fakeNode) containerLog(id string) string {
 	n.t.Helper()
 	data, _ := os.ReadFile(n.container(id).LogPath)
@@ -125,8 +135,9 @@ const waitingCommand = `echo before; echo on-stderr >&2
 while [ ! -e "$GO" ]; do sleep 0.05; done
 echo after; exit 7`
 
-// A detached command runs on through a hibernation, a wake and a restart of cocoon-cri: its output
-// reaches the log once, from both streams, and its exit status is the container's.
+// A detached command runs on through a hibernation, a wake, a restart of cocoon-cri, and a restart
+// while it hibernates: its output reaches the log once, from both streams, and its exit status is
+// the container's.
 func TestDetachedCommandOutlivesHibernationAndRestart(t *testing.T) {
 	n, sandboxID, root := detachedNode(t)
 	goFile := filepath.Join(t.TempDir(), "go")
@@ -145,9 +156,7 @@ func TestDetachedCommandOutlivesHibernationAndRestart(t *testing.T) {
 	}
 
 	ctx := context.Background()
-	if err := n.s.Hibernate(ctx, id); err != nil {
-		t.Fatalf("a container with a detached command did not hibernate: %v", err)
-	}
+	n.hibernate(id)
 	if !n.container(id).VM.Hibernated() || !running() {
 		t.Fatalf("hibernated %v, the command running %v: want both", n.container(id).VM.Hibernated(), running())
 	}
@@ -157,6 +166,12 @@ func TestDetachedCommandOutlivesHibernationAndRestart(t *testing.T) {
 	n.restartAndRecover()
 	if c := n.container(id); c.State != store.ContainerRunning || !running() {
 		t.Fatalf("after the restart: container %s (%s: %s), the command running %v", c.State, c.Reason, c.Message, running())
+	}
+	// Hibernated across a restart, it is followed again once it wakes.
+	n.hibernate(id)
+	n.restartAndRecover()
+	if err := n.s.Wake(ctx, id); err != nil {
+		t.Fatal(err)
 	}
 
 	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
@@ -183,9 +198,7 @@ func TestDetachedCommandGoneAfterTheWakeIsLost(t *testing.T) {
 	id := n.startCommand(sandboxID, waitingCommand, map[string]string{"GO": filepath.Join(t.TempDir(), "go")})
 	eventually(t, "the command's first line in the log", func() bool { return strings.Contains(n.containerLog(id), "before") })
 	ctx := context.Background()
-	if err := n.s.Hibernate(ctx, id); err != nil {
-		t.Fatal(err)
-	}
+	n.hibernate(id)
 	guestDir := filepath.Join(root, n.container(id).VM.ID, "main")
 	command := readPID(filepath.Join(guestDir, "pid"))
 	if err := syscall.Kill(-command, syscall.SIGKILL); err != nil {

@@ -309,6 +309,10 @@ func (s *Runtime) Hibernate(ctx context.Context, containerID string) error {
 	if c.State != store.ContainerRunning || c.VM.Hibernated() || c.VM.ID == "" {
 		return errNothingToDo
 	}
+	if s.settingUpGuest(c.ID) {
+		// The set-up would wait for the hibernated guest until it gave up.
+		return unavailable("the guest of container %s is still being set up for its pod, which a hibernation would cut: try again once it is over", c.ID)
+	}
 	if why := s.cannotHibernate(ctx, c); why != "" {
 		return &hibernationRefusal{why}
 	}

@@ -503,3 +503,31 @@ func TestOperatorHibernatesAndWakesAPod(t *testing.T) {
 	_, err = WakePod(ctx, conn, "default/ops")
 	wantCode(t, err, codes.FailedPrecondition)
 }
+
+// A VM whose guest is still being set up for its pod is not hibernated, even by an operator: the
+// set-up would wait for the saved guest until it gave up. It hibernates once the set-up is over.
+func TestAGuestBeingSetUpDoesNotHibernate(t *testing.T) {
+	n, _ := hibernatingNode(t)
+	release := make(chan struct{})
+	n.cocoon.setGuest(func(ctx context.Context, vm cocoon.VM, argv []string, o cocoon.ExecOptions) (int, error) {
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return -1, ctx.Err()
+		}
+		return n.cocoon.defaultGuest(ctx, vm, argv, o)
+	})
+	_, id := n.runningPod("busy")
+	err := n.s.Hibernate(context.Background(), id)
+	if grpcerr.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "still being set up") {
+		t.Fatalf("hibernating a guest being set up: %v", err)
+	}
+	if c := n.container(id); c.VM.Hibernation.Snapshot != "" || len(n.cocoon.calls("VMHibernate")) > 0 {
+		t.Fatalf("the refused hibernation reached the record or cocoon: %+v, %v", c.VM.Hibernation, n.cocoon.calls("VMHibernate"))
+	}
+	close(release)
+	settle(n.s)
+	if err := n.s.Hibernate(context.Background(), id); err != nil {
+		t.Fatalf("hibernating once the set-up is over: %v", err)
+	}
+}
