@@ -22,14 +22,31 @@ import (
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim"
 	"github.com/cocoonstack/cocoon-cri/test/hostguard"
+	"github.com/cocoonstack/cocoon-cri/test/stale"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
 )
 
 // simBinary is the simulator built once for the whole test run.
 var simBinary string
 
+// The prefixes of the tests' temporary directories, which stale.MkdirOwned makes, so that a run
+// killed before its cleanups is swept by the next.
+const (
+	installPrefix = "cs"
+	binPrefix     = "cocoonsim-bin"
+)
+
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "cocoonsim-bin")
+	for _, prefix := range []string{installPrefix, binPrefix} {
+		for _, dir := range stale.Dirs(os.TempDir(), prefix) {
+			if err := stale.Remove(dir, nil); err != nil {
+				fmt.Fprintln(os.Stderr, "cocoonsim tests: what a killed run left:", err)
+				os.Exit(1)
+			}
+			fmt.Fprintln(os.Stderr, "cocoonsim tests: removed what a killed run left:", dir)
+		}
+	}
+	dir, err := stale.MkdirOwned("", binPrefix)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
@@ -74,7 +91,7 @@ type sim struct {
 // cleanup that first kills every guest the test started, then removes the dirs.
 func newSim(t *testing.T) *sim {
 	t.Helper()
-	base, err := os.MkdirTemp("", "cs")
+	base, err := stale.MkdirOwned("", installPrefix)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,7 +15,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
-	"github.com/cocoonstack/cocoon-cri/test/harness"
+	"github.com/cocoonstack/cocoon-cri/test/stale"
 	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
@@ -257,7 +257,7 @@ func TestFiftyPodsInParallel(t *testing.T) {
 
 // eventStreams lists the PIDs of cocoon vm status processes running on this node's cocoon dirs.
 func (n *node) eventStreams() []int {
-	return harness.ProcessesWhose(func(args string) bool {
+	return stale.ProcessesWhose(func(args string) bool {
 		return strings.Contains(args, n.RootDir+"\x00") && strings.Contains(args, "\x00status\x00--event")
 	})
 }

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cocoonstack/cocoon-cri/test/stale"
 	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
@@ -21,13 +22,13 @@ import (
 // for SweepStale to remove it should the process be killed first.
 func CgroupParent(t testproc.TB) string {
 	t.Helper()
-	self, err := selfIdentity()
+	self, err := stale.Self()
 	if err != nil {
 		t.Fatal(err)
 	}
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
-	parent := "/" + testCgroupPrefix + formatOwner(self) + "-" + hex.EncodeToString(b)
+	parent := "/" + testCgroupPrefix + stale.FormatOwner(self) + "-" + hex.EncodeToString(b)
 	t.Cleanup(func() {
 		if err := removeCgroupTree(parent); err != nil {
 			t.Errorf("remove the test cgroup: %v", err)
@@ -79,7 +80,7 @@ func sweepTestCgroups() error {
 				return nil
 			})
 		}
-		if left := killAll(pids, 30*time.Second); len(left) > 0 {
+		if left := stale.KillAll(pids, 30*time.Second); len(left) > 0 {
 			errs = append(errs, fmt.Errorf("the test cgroup %s: processes %v outlived SIGKILL", name, left))
 			continue
 		}
@@ -93,17 +94,17 @@ func sweepTestCgroups() error {
 // staleTestCgroups lists the top cgroups of CgroupParent, in any hierarchy, whose owners have
 // ended.
 func staleTestCgroups() []string {
-	var stale []string
+	var ended []string
 	found, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", testCgroupPrefix+"*"))
 	v2, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", testCgroupPrefix+"*"))
 	for _, d := range append(found, v2...) {
 		name := filepath.Base(d)
 		tag, _, _ := strings.Cut(strings.TrimPrefix(name, testCgroupPrefix), "-")
-		if id, ok := parseOwner(tag); ok && !id.Alive("/proc") && !slices.Contains(stale, name) {
-			stale = append(stale, name)
+		if id, ok := stale.ParseOwner(tag); ok && !id.Alive("/proc") && !slices.Contains(ended, name) {
+			ended = append(ended, name)
 		}
 	}
-	return stale
+	return ended
 }
 
 // MakeCgroup creates cgroup in every hierarchy under /sys/fs/cgroup (v1) or in the unified one,
@@ -161,7 +162,7 @@ const poolCgroupRoot = "/cocoon-cri-pool/"
 // poolCgroups lists the warm pool cgroups that processes running for the node are in: a daemon's
 // stop leaves its pool VMs running, for the next start to adopt, and a test has no next start.
 func (n *Node) poolCgroups() []string {
-	return poolCgroupsOf(ProcessesWhose(func(args string) bool { return strings.Contains(args, n.RunDir+"/") }))
+	return poolCgroupsOf(stale.ProcessesWhose(func(args string) bool { return strings.Contains(args, n.RunDir+"/") }))
 }
 
 // poolCgroupsOf lists the warm pool cgroups that pids are in.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/cocoonstack/cocoon-cri/pkg/vmstats"
 	"github.com/cocoonstack/cocoon-cri/tapmanager"
+	"github.com/cocoonstack/cocoon-cri/test/stale"
 	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
@@ -44,7 +45,7 @@ func TestSweepStaleRemovesWhatKilledRunsLeft(t *testing.T) {
 		t.Fatal(err)
 	}
 	// This process's PID with another start: its PID given to a later process.
-	if err := os.WriteFile(filepath.Join(reused, ownerFile), []byte(formatOwner(vmstats.ProcessIdentity{PID: os.Getpid(), Start: 1})), 0o644); err != nil {
+	if err := stale.WriteOwner(reused, vmstats.ProcessIdentity{PID: os.Getpid(), Start: 1}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -78,7 +79,7 @@ func TestSweepStaleRemovesWhatKilledRunsLeft(t *testing.T) {
 	nsFile.Close()
 
 	// A test cgroup of the dead run, with a process in a cgroup below it; and one of this process.
-	staleCgroup := "/" + testCgroupPrefix + formatOwner(endedProcess(t)) + "-sweep"
+	staleCgroup := "/" + testCgroupPrefix + stale.FormatOwner(endedProcess(t)) + "-sweep"
 	MakeCgroup(t, staleCgroup)
 	MakeCgroup(t, staleCgroup+"/pod")
 	t.Cleanup(func() { _ = removeCgroupTree(staleCgroup) })
@@ -122,7 +123,7 @@ func TestSweepStaleRemovesWhatKilledRunsLeft(t *testing.T) {
 	if len(CgroupDirs(liveCgroup)) == 0 {
 		t.Errorf("the sweep removed this run's cgroup %s", liveCgroup)
 	}
-	if mounts, _ := mountsUnder(dead); len(mounts) > 0 {
+	if mounts, _ := stale.MountsUnder(dead); len(mounts) > 0 {
 		t.Errorf("mounts left under the dead run's directory: %v", mounts)
 	}
 	if _, err := netlink.LinkByName(link); err == nil {
@@ -164,7 +165,7 @@ func ownedByEndedProcess(t *testing.T, parent, name string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, ownerFile), []byte(formatOwner(endedProcess(t))), 0o644); err != nil {
+	if err := stale.WriteOwner(dir, endedProcess(t)); err != nil {
 		t.Fatal(err)
 	}
 	return dir
