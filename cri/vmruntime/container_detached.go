@@ -37,46 +37,55 @@ func detachable(c *store.Container) bool {
 	return !cfg.GetTty() && !cfg.GetStdin() && !c.VM.Windows
 }
 
-// guestFunctions are the shell functions the scripts share, for the command's directory $1: runs
-// says whether the command recorded there runs, readers starts the readers of its pipes (their
-// PIDs in $o and $e, and in the directory). The wrapper records its PID with its start (proc(5)
-// stat field 22), so that another process given the PID later, in a guest that came back without
-// the command, is not taken for it.
+// guestFunctions are the shell functions the scripts share, for the command's directory $1:
+//   - runs says whether the command recorded there runs. The wrapper records its PID with its
+//     start (proc(5) stat field 22), so that another process given the PID later, in a guest that
+//     came back without the command, is not taken for it.
+//   - readers starts the readers of the pipes ($o and $e).
+//   - follow waits until the command has ended and its output is read. The wrapper keeps the pipes
+//     open after the command's end until a follower says, through the pipe done, that its readers
+//     hold them: what the command wrote last waits in the pipes for them, also when it ended while
+//     nobody followed. The readers' and the sayer's PIDs are kept, for the next follower to end
+//     them: a session cut short by a restart may leave them behind.
 const guestFunctions = `started() { s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1; s=${s##*) }; set -- $s; echo "${20}"; }
 runs() { [ -f "$1/pid" ] || return 1; read -r p t <"$1/pid"; [ -n "$p" ] && [ "$(started "$p")" = "$t" ]; }
 readers() { cat "$1/out" & o=$!; cat "$1/err" >&2 & e=$!; echo "$o $e" >"$1/readers"; }
+follow() { echo >"$1/done" 2>/dev/null & d=$!; echo "$o $e $d" >"$1/readers"; wait $o $e; kill $d 2>/dev/null; return 0; }
 `
 
 // launchScript makes the pipes, starts the readers that pass them on to the session, launches the
-// command apart and follows it until its output ends. Its $0 is the command's directory, its
+// command apart and follows it until it has ended. Its $0 is the command's directory, its
 // arguments the command. It exits at once, launching nothing, when the command runs already (a
 // copy of a VM: mainStatus then finds it running, and it is followed) and when the guest cannot run
-// the command apart (mainStatus finds no PID). The readers are started first, so that they are
-// waiting for the command's output when it comes; the wrapper opens the pipes read-write, so that
-// they stay open whoever reads them, and says it has recorded its PID through a third pipe.
+// the command apart (mainStatus finds no PID). The readers are started first: they wait for the
+// wrapper, which opens the pipes read-write, so that they stay open whoever reads them, and says
+// it has recorded its PID through the pipe ready.
 const launchScript = guestFunctions + `[ ! -f "$0/exit" ] && runs "$0" && exit 0
 command -v setsid >/dev/null 2>&1 && command -v mkfifo >/dev/null 2>&1 || exit 0
-rm -rf "$0" && mkdir -p "$0" && mkfifo "$0/out" "$0/err" "$0/ready" || exit 0
+rm -rf "$0" && mkdir -p "$0" && mkfifo "$0/out" "$0/err" "$0/ready" "$0/done" || exit 0
 readers "$0"
 setsid /bin/sh -c '(s=$(cat "/proc/$$/stat"); s=${s##*) }; set -- $s; echo "$$ ${20}") >"$0/pid.new" && mv "$0/pid.new" "$0/pid"
 echo >"$0/ready"
 exec 3<>"$0/out" 4<>"$0/err"
 "$@" </dev/null >&3 2>&4 3>&- 4>&-
-echo $? >"$0/exit.new" && mv "$0/exit.new" "$0/exit"' "$0" "$@" </dev/null >/dev/null 2>&1 &
+echo $? >"$0/exit.new" && mv "$0/exit.new" "$0/exit"
+read -r _ <"$0/done"' "$0" "$@" </dev/null >/dev/null 2>&1 &
 read -r _ <"$0/ready"
-wait $o $e
+follow "$0"
 `
 
-// followScript follows a command launched earlier, once more: the readers of an earlier session
-// that may still run are ended, new ones started, and the session lasts until the command's output
-// ends. A reader that opens its pipe only after the command has ended would wait for a writer
-// forever: once the command is gone, the script opens each pipe for writing itself, for a moment.
-const followScript = guestFunctions + `for p in $(cat "$0/readers" 2>/dev/null); do kill "$p" 2>/dev/null; done
+// followScript follows a command launched earlier, once more: the readers and the sayer of an
+// earlier session that may still run are ended, and new ones started. A reader opening its pipe
+// while nothing holds it (the wrapper gone) would wait for a writer forever: the script waits
+// until both readers hold their pipes, or the wrapper is gone, and in the second case opens each
+// pipe for writing itself, for a moment, which lets them through.
+const followScript = guestFunctions + `opened() { for f in /proc/$1/fd/*; do [ "$(readlink "$f")" = "$2" ] && return 0; done; return 1; }
+for p in $(cat "$0/readers" 2>/dev/null); do kill "$p" 2>/dev/null; done
 runs "$0" || exit 0
 readers "$0"
-while runs "$0"; do sleep 1; done
-: 1<>"$0/out"; : 1<>"$0/err"
-wait $o $e
+until { opened $o "$0/out" && opened $e "$0/err"; } || ! runs "$0"; do sleep 0.05 2>/dev/null || sleep 1; done
+runs "$0" || { : 1<>"$0/out"; : 1<>"$0/err"; }
+follow "$0"
 `
 
 // statusScript says where a detached command stands: "exit N", "running", "lost" (launched, no

@@ -167,14 +167,19 @@ func TestDetachedCommandOutlivesHibernationAndRestart(t *testing.T) {
 	if c := n.container(id); c.State != store.ContainerRunning || !running() {
 		t.Fatalf("after the restart: container %s (%s: %s), the command running %v", c.State, c.Reason, c.Message, running())
 	}
-	// Hibernated across a restart, it is followed again once it wakes.
+	// Hibernated across a restart, it is followed again once it wakes. It ends while nobody follows
+	// it (the fake's hibernation freezes no process): its last output waits for the next follower.
 	n.hibernate(id)
 	n.restartAndRecover()
-	if err := n.s.Wake(ctx, id); err != nil {
+	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-
-	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
+	guestDir := filepath.Join(root, n.container(id).VM.ID, "main")
+	eventually(t, "the command's end in the guest", func() bool {
+		_, err := os.Stat(filepath.Join(guestDir, "exit"))
+		return err == nil
+	})
+	if err := n.s.Wake(ctx, id); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "the container's exit", func() bool { return n.container(id).State == store.ContainerExited })
