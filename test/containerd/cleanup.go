@@ -13,7 +13,7 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/cocoonstack/cocoon-cri/test/stale"
 )
 
 // shimSocketDir is where containerd's shims put their sockets whatever containerd's state
@@ -159,28 +159,14 @@ func (d *Daemon) removeShimSockets() {
 	}
 }
 
-// unmountUnder detaches every mount under dir (snapshots, pod shm, network namespaces),
-// innermost first.
+// unmountUnder detaches every mount under dir (snapshots, pod shm, network namespaces), the last
+// mounted first.
 func unmountUnder(dir string) error {
-	data, err := os.ReadFile("/proc/self/mountinfo")
+	mounts, err := stale.MountsUnder(dir)
 	if err != nil {
 		return err
 	}
-	var points []string
-	for _, line := range strings.Split(string(data), "\n") {
-		fields := strings.Fields(line)
-		if len(fields) > 4 && strings.HasPrefix(fields[4], dir+"/") {
-			points = append(points, fields[4])
-		}
-	}
-	slices.SortFunc(points, func(a, b string) int { return len(b) - len(a) })
-	var errs []error
-	for _, p := range points {
-		if err := unix.Unmount(p, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
-			errs = append(errs, fmt.Errorf("unmount %s: %w", p, err))
-		}
-	}
-	return errors.Join(errs...)
+	return stale.Unmount(mounts)
 }
 
 // removeShimSocketDir removes the shims' socket directory and its parent when this daemon made

@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -21,11 +20,11 @@ import (
 
 	"github.com/cocoonstack/cocoon-cri/tapmanager"
 	"github.com/cocoonstack/cocoon-cri/test/cocoonsim"
+	"github.com/cocoonstack/cocoon-cri/test/stale"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
 	"github.com/cocoonstack/cocoon-cri/test/testproc"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 )
@@ -256,8 +255,8 @@ func (n *Node) cleanup() {
 	}
 	if mounts := MountsUnder(n.T, n.Dir); len(mounts) > 0 {
 		n.T.Logf("undoing mounts left under the node: %v", mounts)
-		for _, m := range slices.Backward(mounts) {
-			_ = unix.Unmount(m, unix.MNT_DETACH)
+		if err := stale.Unmount(mounts); err != nil {
+			n.T.Errorf("undo mounts left under the node: %v", err)
 		}
 	}
 	if err := os.RemoveAll(n.Dir); err != nil {

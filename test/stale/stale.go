@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/vmstats"
@@ -113,10 +114,8 @@ func Remove(dir string, found func(pids []int)) error {
 	if left := KillAll(pids, 30*time.Second); len(left) > 0 {
 		return fmt.Errorf("sweep %s: processes %v outlived SIGKILL", dir, left)
 	}
-	for _, m := range slices.Backward(mounts) {
-		if err := unix.Unmount(m, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-			return fmt.Errorf("sweep %s: unmount %s: %w", dir, m, err)
-		}
+	if err := Unmount(mounts); err != nil {
+		return fmt.Errorf("sweep %s: %w", dir, err)
 	}
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("sweep %s: %w", dir, err)
@@ -153,17 +152,29 @@ func KillAll(pids []int, within time.Duration) []int {
 	}
 }
 
+// Unmount detaches mounts (as MountsUnder lists them), the last mounted first; one already gone is
+// fine.
+func Unmount(mounts []string) error {
+	var errs []error
+	for _, m := range slices.Backward(mounts) {
+		if err := unix.Unmount(m, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("unmount %s: %w", m, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // MountsUnder lists the mount points below dir, in the order they were mounted.
 func MountsUnder(dir string) ([]string, error) {
-	data, err := os.ReadFile("/proc/self/mountinfo")
+	infos, err := mountinfo.GetMounts(func(m *mountinfo.Info) (skip, stop bool) {
+		return !strings.HasPrefix(m.Mountpoint, dir+"/"), false
+	})
 	if err != nil {
 		return nil, err
 	}
-	var out []string
-	for line := range strings.Lines(string(data)) {
-		if fields := strings.Fields(line); len(fields) > 4 && strings.HasPrefix(fields[4], dir+"/") {
-			out = append(out, fields[4])
-		}
+	out := make([]string, len(infos))
+	for i, m := range infos {
+		out[i] = m.Mountpoint
 	}
 	return out, nil
 }
