@@ -134,9 +134,10 @@ func Reclaim(podNetNS, vmNetNS, vmIfName string, result *current.Result) error {
 	if _, err := os.Stat(vmNetNS); errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
-	// A warm pool VM's placeholder is no pod's interface: it goes with the VM.
+	// A warm pool VM's placeholder, or the pair a hand-over made, is no pod's interface: it goes
+	// with the VM.
 	link, err := lookupLink(vmNetNS, vmIfName)
-	if err != nil || link == nil || isPlaceholder(link) {
+	if err != nil || link == nil || !isPodInterface(link) {
 		return err
 	}
 	if err := moveLink(vmNetNS, vmIfName, podNetNS, PodIfName); err != nil {
@@ -245,22 +246,41 @@ func restoreAddresses(podNetNS string, result *current.Result) error {
 	})
 }
 
-func readHolder(path string) string {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return ""
-	}
-	return strings.TrimSpace(string(data))
+// holderRecord is the holder file: the namespace that holds the pod interface and, while a warm
+// pool hand-over has it wired to a VM from the pod's namespace (HandOver), that VM's namespace.
+type holderRecord struct {
+	At, WiredTo string
 }
 
-// writeHolder records where the interface is, atomically. Not synced: the namespaces it names
+const wiredPrefix = "wired to "
+
+func readRecord(path string) holderRecord {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return holderRecord{}
+	}
+	at, wired, _ := strings.Cut(strings.TrimSpace(string(data)), "\n")
+	return holderRecord{At: at, WiredTo: strings.TrimPrefix(wired, wiredPrefix)}
+}
+
+func readHolder(path string) string { return readRecord(path).At }
+
+// writeRecord records where the interface is, atomically. Not synced: the namespaces it names
 // and the interface itself do not outlive the boot.
-func writeHolder(path, nsPath string) error {
+func writeRecord(path string, r holderRecord) error {
 	if path == "" {
 		return nil
 	}
-	if err := atomicfile.Replace(path, []byte(nsPath+"\n"), 0o600); err != nil {
+	data := r.At + "\n"
+	if r.WiredTo != "" {
+		data += wiredPrefix + r.WiredTo + "\n"
+	}
+	if err := atomicfile.Replace(path, []byte(data), 0o600); err != nil {
 		return fmt.Errorf("record interface holder: %w", err)
 	}
 	return nil
 }
+
+// writeHolder records that the namespace at nsPath holds the interface, as cocoon's CNI or a move
+// left it: a move drops what tc did to it, and cocoon or a reclaim configures it afresh.
+func writeHolder(path, nsPath string) error { return writeRecord(path, holderRecord{At: nsPath}) }

@@ -21,15 +21,7 @@ import (
 // its addresses, only for the pod's CNI DEL, which then leaves no lease, veth or masquerade rule.
 func TestStoppedVMKeepsThePodInterface(t *testing.T) {
 	n := newTestNetwork(t, "10.78.0.0/24")
-	// ipMasq: the bridge plugin tears its rules down for the addresses it finds on the pod
-	// interface at DEL, so an interface DEL does not find where it belongs leaks them.
-	conf := fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "pods", "plugins": [
-	  {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": true,
-	   "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.78.0.0/24"}]], "routes": [{"dst": "0.0.0.0/0"}], "dataDir": %q}}]}`,
-		filepath.Join(n.dir, "ipam"))
-	if err := os.WriteFile(filepath.Join(n.confDir, "10-pods.conflist"), []byte(conf), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	n.masquerade("10.78.0.0/24")
 	ctx := context.Background()
 	m := NewManager(Config{NetNSDir: n.nets.Dir, ConfDir: n.confDir, BinDirs: []string{debianPlugins}, StateDir: filepath.Join(n.dir, "state")})
 	pod := n.pod("db")
@@ -37,8 +29,7 @@ func TestStoppedVMKeepsThePodInterface(t *testing.T) {
 	if err := m.PrepareCocoon(pod.SandboxID, pod.NetNS, raw); err != nil {
 		t.Fatal(err)
 	}
-	rules := masqRules(t, n, pod.SandboxID)
-	if len(rules) == 0 {
+	if len(masqRules(t, n, pod.SandboxID)) == 0 {
 		t.Fatal("the bridge plugin set up no masquerade rule: the test would show nothing")
 	}
 	podAddrs := addrsIn(t, pod.NetNS, PodIfName)
@@ -120,6 +111,20 @@ func TestStoppedVMKeepsThePodInterface(t *testing.T) {
 	detach(vm3)
 	if _, err := m.PodInterfaceCounters(pod.SandboxID, pod.NetNS); err == nil {
 		t.Error("counters of an interface the DEL removed")
+	}
+}
+
+// masquerade configures the bridge network with ipMasq: the bridge plugin tears its rules down for
+// the addresses it finds on the pod interface at DEL, so a DEL that does not find them where they
+// belong leaks the rules.
+func (n *testNetwork) masquerade(subnet string) {
+	n.t.Helper()
+	conf := fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "pods", "plugins": [
+	  {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": true,
+	   "ipam": {"type": "host-local", "ranges": [[{"subnet": %q}]], "routes": [{"dst": "0.0.0.0/0"}], "dataDir": %q}}]}`,
+		subnet, filepath.Join(n.dir, "ipam"))
+	if err := os.WriteFile(filepath.Join(n.confDir, "10-pods.conflist"), []byte(conf), 0o644); err != nil {
+		n.t.Fatal(err)
 	}
 }
 

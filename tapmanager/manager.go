@@ -148,7 +148,7 @@ func holds(vmNetNS, ifName string) (bool, error) {
 		return false, nil
 	}
 	link, err := lookupLink(vmNetNS, ifName)
-	return link != nil && !isPlaceholder(link), err
+	return link != nil && isPodInterface(link), err
 }
 
 // PodInterfaceCounters reads the pod interface's counters while no VM runs: in the pod's

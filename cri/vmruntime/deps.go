@@ -100,11 +100,14 @@ type PodNetwork interface {
 	// missing one is fine.
 	PreparePoolVM(id string) error
 	RemovePoolVM(id string) error
-	// HandOver puts the sandbox's pod interface in a running pool VM's namespace, wired to its TAP
-	// in place of the placeholder.
+	// HandOver wires the sandbox's pod interface to a running pool VM's TAP in place of the
+	// placeholder, through a veth pair into the VM's namespace; the interface stays in the pod's.
 	HandOver(sandboxID, podNetNS, vmNetNS string) error
 	// ReclaimFromVM takes the pod interface back from a stopped VM's namespace.
 	ReclaimFromVM(sandboxID, podNetNS, vmNetNS string, result json.RawMessage) error
+	// RestorePodInterface undoes what a hand-over did to the pod interface in the pod's
+	// namespace (its addresses, tc) before the cluster's CNI DEL; nothing if none did.
+	RestorePodInterface(sandboxID, podNetNS string, result json.RawMessage) error
 
 	// PodInterfaceCounters reads the pod interface while no VM runs: in the pod's namespace, or in
 	// that of the stopped VM that still holds it.

@@ -26,7 +26,9 @@ import (
 // The pod interface is where the namespace path in ifaces says. The fake cocoon runs the attach
 // plugin (attachAdd, attachDel) as cocoon does for the VMs of a sandbox. As with the cluster's
 // real plugins, a DEL that does not find the interface in the pod's namespace leaves what the
-// plugins set up on it (unreleased), and an interface goes with the namespace it is in.
+// plugins set up on it (unreleased), and an interface goes with the namespace it is in. A pool VM's
+// hand-over leaves the interface home but wired to the VM (wired), without its addresses: a DEL
+// before RestorePodInterface misses them as it would a moved interface.
 type fakeNetwork struct {
 	faults
 
@@ -41,6 +43,7 @@ type fakeNetwork struct {
 	// handedOver names, by VM namespace, the sandbox whose pod interface a pool VM was given.
 	handedOver map[string]string
 	ifaces     map[string]string // sandbox ID -> the namespace its pod interface is in
+	wired      map[string]string // sandbox ID -> the VM namespace its interface at home is wired to
 	unreleased map[string]bool   // sandbox IDs whose DEL missed the pod interface
 }
 
@@ -145,7 +148,7 @@ const fakeNetDir = "/fake-net"
 func newFakeNetwork(names ...string) *fakeNetwork {
 	n := &fakeNetwork{
 		netns: map[string]bool{}, leases: map[string]string{}, cocoon: map[string]json.RawMessage{},
-		handedOver: map[string]string{}, ifaces: map[string]string{}, unreleased: map[string]bool{},
+		handedOver: map[string]string{}, ifaces: map[string]string{}, wired: map[string]string{}, unreleased: map[string]bool{},
 	}
 	if len(names) == 0 {
 		names = []string{"podnet"}
@@ -182,6 +185,9 @@ func (n *fakeNetwork) held() []string {
 	}
 	for id, at := range n.ifaces {
 		out = append(out, "interface "+id+" "+at)
+	}
+	for id, vm := range n.wired {
+		out = append(out, "wired "+id+" "+vm)
 	}
 	for id := range n.unreleased {
 		out = append(out, "unreleased "+id)
@@ -231,6 +237,7 @@ func (n *fakeNetwork) RemoveNetNS(path string) error {
 	for id, at := range n.ifaces {
 		if at == path {
 			delete(n.ifaces, id)
+			delete(n.wired, id)
 		}
 	}
 	return nil
@@ -311,11 +318,15 @@ func (n *fakeNetwork) Del(_ context.Context, confList []byte, pod tapmanager.Pod
 		return fmt.Errorf("read the recorded CNI configuration: %w", err)
 	}
 	delete(n.leases, pod.SandboxID)
-	switch at := n.ifaces[pod.SandboxID]; at {
-	case pod.NetNS:
+	switch at := n.ifaces[pod.SandboxID]; {
+	case at == pod.NetNS && n.wired[pod.SandboxID] != "":
+		delete(n.ifaces, pod.SandboxID)
+		delete(n.wired, pod.SandboxID)
+		n.unreleased[pod.SandboxID] = true
+	case at == pod.NetNS:
 		delete(n.ifaces, pod.SandboxID)
 		delete(n.unreleased, pod.SandboxID)
-	case "":
+	case at == "":
 	default:
 		n.unreleased[pod.SandboxID] = true
 	}
@@ -378,7 +389,7 @@ func (n *fakeNetwork) RemovePoolVM(id string) error {
 }
 
 // HandOver needs the sandbox's network and a VM namespace; which sandbox's interface each VM
-// namespace got is kept for the tests.
+// namespace got is kept for the tests. An interface a previous VM holds comes home first.
 func (n *fakeNetwork) HandOver(sandboxID, podNetNS, vmNetNS string) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -389,8 +400,31 @@ func (n *fakeNetwork) HandOver(sandboxID, podNetNS, vmNetNS string) error {
 		return fmt.Errorf("hand over %s's interface to %q: the sandbox has no network", sandboxID, vmNetNS)
 	}
 	n.handedOver[vmNetNS] = sandboxID
-	n.ifaces[sandboxID] = vmNetNS
+	n.ifaces[sandboxID], n.wired[sandboxID] = podNetNS, vmNetNS
 	return nil
+}
+
+// RestorePodInterface gives an interface a hand-over wired its addresses back.
+func (n *fakeNetwork) RestorePodInterface(sandboxID, podNetNS string, result json.RawMessage) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := n.call("RestorePodInterface", sandboxID); err != nil {
+		return err
+	}
+	if _, err := tapmanager.DecodeResult(result); err != nil {
+		return fmt.Errorf("read the pod's CNI result: %w", err)
+	}
+	if n.ifaces[sandboxID] == podNetNS {
+		delete(n.wired, sandboxID)
+	}
+	return nil
+}
+
+// wiredTo is the VM namespace the sandbox's interface at home is wired to; "" when none.
+func (n *fakeNetwork) wiredTo(sandboxID string) string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.wired[sandboxID]
 }
 
 // interfaceOf is the sandbox whose pod interface a VM namespace was handed.
@@ -431,6 +465,7 @@ func (n *fakeNetwork) attachAdd(confDir, vmNetNS string) error {
 	switch {
 	case n.ifaces[id] != "":
 		n.ifaces[id] = vmNetNS
+		delete(n.wired, id)
 	case n.cocoon[id] != nil:
 		return fmt.Errorf("the pod interface %s of sandbox %s is neither in its namespace nor held by a VM", tapmanager.PodIfName, id)
 	}

@@ -108,7 +108,7 @@ func TestClonedPodLife(t *testing.T) {
 	if _, err := n.s.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: sandboxID}); err != nil {
 		t.Fatal(err)
 	}
-	wantCalls(t, "network", n.net.calls(), "Del "+sandboxID, "RemoveCocoon "+sandboxID, "RemoveNetNS "+sb.NetNS)
+	wantCalls(t, "network", n.net.calls(), "RestorePodInterface "+sandboxID, "Del "+sandboxID, "RemoveCocoon "+sandboxID, "RemoveNetNS "+sb.NetNS)
 	if held := n.net.held(); len(held) != 0 {
 		t.Errorf("the network holds %q after the pod went", held)
 	}

@@ -73,9 +73,15 @@ func (s *Runtime) detachSandbox(ctx context.Context, sb *store.Sandbox) error {
 	}
 	// The plugins release what they find on the interface in the pod's namespace (a bridge's
 	// masquerade rules go by its addresses, the veth by its name): a stopped VM that kept it gives
-	// it back first. None of the sandbox's VMs runs by now.
+	// it back first, and one a warm pool hand-over wired gets its addresses back. None of the
+	// sandbox's VMs runs by now.
 	for _, c := range s.sandboxContainers(sb.ID) {
 		if err := s.reclaimInterface(sb, c); err != nil {
+			return err
+		}
+	}
+	if len(sb.Network.Result) > 0 {
+		if err := s.net.RestorePodInterface(sb.ID, sb.NetNS, sb.Network.Result); err != nil {
 			return err
 		}
 	}

@@ -142,8 +142,9 @@ func TestWarmPoolFillsAndHandsAVMToAPod(t *testing.T) {
 	if want := "/cocoon-cri-pool/" + poolNetID(c.VM.Name); c.VM.Cgroup != want {
 		t.Errorf("container cgroup %q, want the pool VM's %q kept", c.VM.Cgroup, want)
 	}
-	if got := n.net.interfaceOf(c.VM.NetNS); got != sandboxID || n.net.interfaceAt(sandboxID) != c.VM.NetNS {
-		t.Fatalf("the pool VM's namespace has %q's interface, want the pod's (which is in %q)", got, n.net.interfaceAt(sandboxID))
+	if got := n.net.interfaceOf(c.VM.NetNS); got != sandboxID || n.net.interfaceAt(sandboxID) != sb.NetNS || n.net.wiredTo(sandboxID) != c.VM.NetNS {
+		t.Fatalf("the pool VM's namespace has %q's interface, want the pod's (which is in %q, wired to %q)",
+			got, n.net.interfaceAt(sandboxID), n.net.wiredTo(sandboxID))
 	}
 	if clones := n.cocoon.calls("VMClone"); len(clones) != 2 {
 		t.Errorf("clones %q: the pod must not clone", clones)
@@ -182,6 +183,10 @@ func TestWarmPoolFillsAndHandsAVMToAPod(t *testing.T) {
 	}
 	if _, ok := n.cocoon.vm(c.VM.Name); ok {
 		t.Fatalf("the pod's VM %s is left", c.VM.Name)
+	}
+	// The pod's DEL found its interface with its addresses back: it released everything.
+	if held := n.net.held(); slices.ContainsFunc(held, func(h string) bool { return strings.Contains(h, sandboxID) }) {
+		t.Errorf("the pod's network is left: %q", held)
 	}
 	if cg := n.cfg.Cgroups.(*fakeCgroups).held(); slices.Contains(cg, c.VM.Cgroup) {
 		t.Errorf("the pod's cgroup %s is left: %q", c.VM.Cgroup, cg)
