@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -132,13 +133,24 @@ func testParent(t *testing.T, h *Host) string {
 			})
 			slices.Reverse(dirs)
 			for _, dir := range dirs {
-				if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+				if err := removeOnceEmpty(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
 					t.Errorf("clean up %s: %v", dir, err)
 				}
 			}
 		}
 	})
 	return parent
+}
+
+// removeOnceEmpty removes a cgroup directory, waiting up to a minute while it is busy: the test's
+// processes were killed before, and a killed process leaves its cgroups only once it has exited.
+func removeOnceEmpty(dir string) error {
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+		err := os.Remove(dir)
+		if !errors.Is(err, syscall.EBUSY) || time.Now().After(deadline) {
+			return err
+		}
+	}
 }
 
 // startTree starts a shell with a child: a hypervisor with a process of its own.
