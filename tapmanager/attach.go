@@ -19,18 +19,19 @@ import (
 )
 
 // AttachPluginName is the CNI plugin type cocoon-cri serves: cocoon runs it (CNI ADD in the VM's
-// namespace) when it creates a pod's VM, and it hands over the interface the cluster's CNI already
-// configured in the pod's namespace. cocoon then does what it does for any CNI: flushes the
-// interface's addresses, wires it to the VM's TAP and gives the guest its MAC and IP.
+// namespace) when it creates a pod's VM, and it links the VM's namespace to the interface the
+// cluster's CNI configured in the pod's namespace (link.go). cocoon then does what it does for any
+// CNI: flushes the interface's addresses, wires it to the VM's TAP and gives the guest its MAC and
+// IP.
 const AttachPluginName = "cocoon-cri-attach"
 
 // attachConf is the plugin's entry in the conflist cocoon-cri writes for a sandbox.
 type attachConf struct {
 	cnitypes.PluginConf
-	// PodNetNS is the pod's own namespace, where the interface lives between VMs.
+	// PodNetNS is the pod's own namespace, where the interface lives.
 	PodNetNS string `json:"podNetNS"`
-	// HolderFile records the namespace that holds the interface now: a stopped VM keeps it until
-	// the pod's next VM takes it from there, vm rm gives it back, or the pod's CNI DEL needs it.
+	// HolderFile records which VM's namespace the interface is wired to, and, for an interface an
+	// earlier cocoon-cri moved into a VM's namespace, that namespace.
 	HolderFile string `json:"holderFile"`
 	// PodResult is the cluster CNI's ADD result for the pod: the addresses cocoon gives the guest.
 	PodResult json.RawMessage `json:"podResult"`
@@ -62,10 +63,10 @@ func attachAdd(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	if err := takeInterface(conf, args.Netns, args.IfName); err != nil {
+	if err := prepareLink(conf.PodNetNS, conf.HolderFile, args.Netns); err != nil {
 		return err
 	}
-	if err := writeHolder(conf.HolderFile, args.Netns); err != nil {
+	if err := linkToVM(conf.PodNetNS, args.Netns, args.IfName, false); err != nil {
 		return err
 	}
 	if iface := podInterface(result); iface != nil {
@@ -74,36 +75,26 @@ func attachAdd(args *skel.CmdArgs) error {
 	return cnitypes.PrintResult(result, conf.CNIVersion)
 }
 
-// takeInterface moves the pod interface into vmNetNS as ifName, from the pod's namespace or, if a
-// previous VM still holds it, from that VM's namespace. A retry finds it already there.
-func takeInterface(conf *attachConf, vmNetNS, ifName string) error {
-	if has, err := hasLink(vmNetNS, ifName); err != nil || has {
-		return err
-	}
-	from := conf.PodNetNS
-	if has, err := hasLink(from, PodIfName); err != nil {
-		return err
-	} else if !has {
-		holder := readHolder(conf.HolderFile)
-		if holder == "" || holder == from {
-			return fmt.Errorf("the pod interface %s is neither in %s nor held by a VM", PodIfName, from)
-		}
-		from = holder
-	}
-	return moveLink(from, PodIfName, vmNetNS, ifName)
-}
-
+// attachDel, as vm rm runs it, gives the pod interface back what the cluster's CNI gave it when it
+// is wired to this VM, or takes it back from this VM's namespace where an earlier cocoon-cri moved
+// it. The pair goes with the VM's namespace.
 func attachDel(args *skel.CmdArgs) error {
 	conf, result, err := parseAttachConf(args.StdinData)
 	if err != nil {
 		return err
 	}
 	if args.Netns == "" {
-		// The VM's namespace is gone and the interface with it; the cluster's DEL cleans the rest.
+		// The VM's namespace is gone, and the pair with it; the pod's stop restores the rest.
 		return nil
 	}
+	if readRecord(conf.HolderFile).WiredTo == args.Netns {
+		if err := restoreWired(conf.PodNetNS, result); err != nil {
+			return err
+		}
+		return writeHolder(conf.HolderFile, conf.PodNetNS)
+	}
 	if held, err := holds(args.Netns, args.IfName); err != nil || !held {
-		// A later VM of the pod took the interface, or it is home: the holder record stands.
+		// A later VM of the pod is wired to the interface: the record stands.
 		return err
 	}
 	if err := Reclaim(conf.PodNetNS, args.Netns, args.IfName, result); err != nil {

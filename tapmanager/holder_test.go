@@ -2,7 +2,6 @@ package tapmanager
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -10,16 +9,15 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/containernetworking/cni/pkg/skel"
-	cnitypes "github.com/containernetworking/cni/pkg/types"
 	"github.com/vishvananda/netlink"
 )
 
-// TestStoppedVMKeepsThePodInterface follows the interface when nothing takes it back at a stop:
-// its counters are read where it is, the next VM takes it from the stopped one, the stopped VM's
-// removal (the plugin's DEL) leaves the record of the running VM alone, and it comes back, with
-// its addresses, only for the pod's CNI DEL, which then leaves no lease, veth or masquerade rule.
-func TestStoppedVMKeepsThePodInterface(t *testing.T) {
+// TestThePodsDELFindsItsInterfaceAsTheCNILeftIt follows the pod interface through what the
+// kubelet's order of stops leaves: its counters are read at home while it is wired to a stopped
+// VM, a reclaim takes nothing from that VM, and RestorePodInterface gives it back its addresses,
+// so the pod's CNI DEL leaves no lease, veth or masquerade rule. An interface an earlier cocoon-cri
+// moved into a stopped VM is read there and taken back by ReclaimFromVM, as it was then.
+func TestThePodsDELFindsItsInterfaceAsTheCNILeftIt(t *testing.T) {
 	n := newTestNetwork(t, "10.78.0.0/24")
 	n.masquerade("10.78.0.0/24")
 	ctx := context.Background()
@@ -34,27 +32,7 @@ func TestStoppedVMKeepsThePodInterface(t *testing.T) {
 	}
 	podAddrs := addrsIn(t, pod.NetNS, PodIfName)
 	holderFile := m.holderFile(pod.SandboxID)
-	conf1 := &attachConf{PodNetNS: pod.NetNS, HolderFile: holderFile, PodResult: raw}
-	attach := func(vm string) {
-		t.Helper()
-		if err := takeInterface(conf1, vm, VMIfName); err != nil {
-			t.Fatal(err)
-		}
-		if err := writeHolder(holderFile, vm); err != nil {
-			t.Fatal(err)
-		}
-	}
-	detach := func(vm string) {
-		t.Helper()
-		stdin, err := json.Marshal(attachConf{PluginConf: cnitypes.PluginConf{CNIVersion: "1.0.0", Name: CocoonNetwork, Type: AttachPluginName},
-			PodNetNS: pod.NetNS, HolderFile: holderFile, PodResult: raw})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := attachDel(&skel.CmdArgs{ContainerID: vm, Netns: vm, IfName: VMIfName, StdinData: stdin}); err != nil {
-			t.Fatalf("the plugin's DEL in %s: %v", vm, err)
-		}
-	}
+	conf := &attachConf{PodNetNS: pod.NetNS, HolderFile: holderFile, PodResult: raw}
 	counters := func(when string) {
 		t.Helper()
 		if st, err := m.PodInterfaceCounters(pod.SandboxID, pod.NetNS); err != nil || st.Name != PodIfName {
@@ -64,39 +42,44 @@ func TestStoppedVMKeepsThePodInterface(t *testing.T) {
 
 	counters("before any VM")
 	vm1 := n.newNS("vm1")
-	attach(vm1)
-	// vm1 stopped: StopContainer leaves the interface where it is.
-	counters("while a stopped VM holds it")
-	vm2 := n.newNS("vm2")
-	attach(vm2)
-	if linkIn(t, vm2, VMIfName) == nil || linkIn(t, vm1, VMIfName) != nil {
-		t.Fatal("the next VM did not take the interface from the stopped one")
-	}
-	detach(vm1)
+	cocoonClones(t, conf, vm1)
+	// vm1 stopped, and stays: StopContainer moves nothing.
+	counters("while wired to a stopped VM")
 	if err := m.ReclaimFromVM(pod.SandboxID, pod.NetNS, vm1, raw); err != nil {
 		t.Fatal(err)
 	}
-	if got := readHolder(holderFile); got != vm2 || linkIn(t, vm2, VMIfName) == nil {
-		t.Fatalf("after the first VM went, the record says %s (want %s)", got, vm2)
+	if linkIn(t, vm1, VMIfName) == nil || len(addrsIn(t, pod.NetNS, PodIfName)) != 0 {
+		t.Fatal("a reclaim took the pair's end for the pod interface")
 	}
-	// vm2 is removed (cocoon's vm rm runs the plugin's DEL): the interface is home.
-	detach(vm2)
-	if got := readHolder(holderFile); got != pod.NetNS || strings.Join(addrsIn(t, pod.NetNS, PodIfName), ",") != strings.Join(podAddrs, ",") {
-		t.Fatalf("after vm rm the record says %s, the pod interface has %v (want %v)", got, addrsIn(t, pod.NetNS, PodIfName), podAddrs)
+	for range 2 {
+		if err := m.RestorePodInterface(pod.SandboxID, pod.NetNS, raw); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := addrsIn(t, pod.NetNS, PodIfName); strings.Join(got, ",") != strings.Join(podAddrs, ",") || readHolder(holderFile) != pod.NetNS {
+		t.Fatalf("after the restore: addresses %v (want %v), record %+v", got, podAddrs, readRecord(holderFile))
 	}
 
-	// The next VM stops and stays: the pod's DEL needs the interface back first.
-	vm3 := n.newNS("vm3")
-	attach(vm3)
-	if err := m.ReclaimFromVM(pod.SandboxID, pod.NetNS, vm3, raw); err != nil {
+	// An earlier cocoon-cri's stopped VM holds the interface: its counters are read there, and it
+	// comes back for the DEL.
+	vm2 := n.newNS("vm2")
+	if err := moveLink(pod.NetNS, PodIfName, vm2, VMIfName); err != nil {
 		t.Fatal(err)
 	}
-	if got := readHolder(holderFile); got != pod.NetNS || len(addrsIn(t, pod.NetNS, PodIfName)) != len(podAddrs) {
+	if err := writeHolder(holderFile, vm2); err != nil {
+		t.Fatal(err)
+	}
+	counters("while an earlier VM holds it")
+	if err := m.ReclaimFromVM(pod.SandboxID, pod.NetNS, vm2, raw); err != nil {
+		t.Fatal(err)
+	}
+	if got := readHolder(holderFile); got != pod.NetNS || strings.Join(addrsIn(t, pod.NetNS, PodIfName), ",") != strings.Join(podAddrs, ",") {
 		t.Fatalf("after the reclaim the record says %s", got)
 	}
-	if err := m.ReclaimFromVM(pod.SandboxID, pod.NetNS, vm3, raw); err != nil {
+	if err := m.ReclaimFromVM(pod.SandboxID, pod.NetNS, vm2, raw); err != nil {
 		t.Fatalf("a repeated reclaim: %v", err)
 	}
+
 	n.inNode(func() error { return n.cni.Del(ctx, list.Bytes, pod) })
 	if leases := n.leases(); len(leases) != 0 {
 		t.Errorf("IP leases left: %v", leases)
@@ -107,8 +90,10 @@ func TestStoppedVMKeepsThePodInterface(t *testing.T) {
 	if veths := vethsIn(t, n.node); len(veths) != 0 {
 		t.Errorf("veths left on the node: %q", veths)
 	}
-	// vm3's removal after the pod's DEL finds nothing to give back.
-	detach(vm3)
+	// vm1's removal after the pod's DEL finds nothing to give back.
+	if err := runPlugin(t, attachDel, conf, vm1); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := m.PodInterfaceCounters(pod.SandboxID, pod.NetNS); err == nil {
 		t.Error("counters of an interface the DEL removed")
 	}

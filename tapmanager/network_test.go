@@ -200,7 +200,10 @@ func (n *testNetwork) add(ctx context.Context, pod Pod) (*libcni.NetworkConfigLi
 	return list, raw, result
 }
 
-func TestAttachHandsThePodInterfaceOverAndBack(t *testing.T) {
+// TestAttachLinksThePodInterfaceToEachVM runs the attach plugin as cocoon does for a pod's VMs: the
+// pod interface never leaves the pod's namespace, each VM's namespace gets a pair's end with its
+// MAC, frames cross, and vm rm's DEL of the VM it is wired to gives it back its addresses.
+func TestAttachLinksThePodInterfaceToEachVM(t *testing.T) {
 	n := newTestNetwork(t, "10.77.0.0/24")
 	ctx := context.Background()
 	pod := n.pod("web")
@@ -213,52 +216,58 @@ func TestAttachHandsThePodInterfaceOverAndBack(t *testing.T) {
 	if len(podAddrs) != 1 {
 		t.Fatalf("pod interface addresses %v", podAddrs)
 	}
-
 	conf := &attachConf{PodNetNS: pod.NetNS, HolderFile: filepath.Join(n.dir, "holder"), PodResult: raw}
+	del := func(vm string) {
+		t.Helper()
+		if err := runPlugin(t, attachDel, conf, vm); err != nil {
+			t.Fatalf("the plugin's DEL in %s: %v", vm, err)
+		}
+	}
+
 	vm1 := n.newNS("vm1")
-	if err := takeInterface(conf, vm1, "eth0"); err != nil {
-		t.Fatal(err)
-	}
-	if err := writeHolder(conf.HolderFile, vm1); err != nil {
-		t.Fatal(err)
-	}
-	moved := linkIn(t, vm1, "eth0")
-	if moved == nil || moved.Attrs().HardwareAddr.String() != mac {
-		t.Fatalf("the VM namespace has %v, want the pod interface with MAC %s", moved, mac)
-	}
-	if linkIn(t, pod.NetNS, PodIfName) != nil {
-		t.Fatal("the interface is still in the pod namespace")
-	}
-	if err := takeInterface(conf, vm1, "eth0"); err != nil {
+	cocoonClones(t, conf, vm1)
+	if err := runPlugin(t, attachAdd, conf, vm1); err != nil {
 		t.Fatalf("a repeated ADD: %v", err)
 	}
+	checkWired(t, pod.NetNS, vm1, mac)
+	if got := readRecord(conf.HolderFile); got != (holderRecord{At: pod.NetNS, WiredTo: vm1}) {
+		t.Fatalf("record %+v", got)
+	}
+	framesCross(t, n, pod.NetNS, vm1, podAddrs[0], mac)
 
-	if err := Reclaim(pod.NetNS, vm1, "eth0", result); err != nil {
-		t.Fatal(err)
+	// The container restarts: its stopped VM keeps its end, the new one gets its own.
+	vm2 := n.newNS("vm2")
+	cocoonClones(t, conf, vm2)
+	checkWired(t, pod.NetNS, vm2, mac)
+	framesCross(t, n, pod.NetNS, vm2, podAddrs[0], mac)
+	// The stopped VM's removal leaves the interface to the running one.
+	del(vm1)
+	if got := readRecord(conf.HolderFile); got != (holderRecord{At: pod.NetNS, WiredTo: vm2}) || len(addrsIn(t, pod.NetNS, PodIfName)) != 0 {
+		t.Fatalf("after the first VM's removal: record %+v, addresses %v", got, addrsIn(t, pod.NetNS, PodIfName))
+	}
+	// The running one's removal gives the interface back what the cluster's CNI gave it.
+	for range 2 {
+		del(vm2)
 	}
 	if got := addrsIn(t, pod.NetNS, PodIfName); strings.Join(got, ",") != strings.Join(podAddrs, ",") {
-		t.Fatalf("addresses after reclaim %v, want %v", got, podAddrs)
+		t.Fatalf("addresses after vm rm %v, want %v", got, podAddrs)
 	}
-	if err := Reclaim(pod.NetNS, vm1, "eth0", result); err != nil {
-		t.Fatalf("a repeated reclaim: %v", err)
+	if q := ingressQdiscs(t, pod.NetNS, PodIfName); q != 0 || readRecord(conf.HolderFile) != (holderRecord{At: pod.NetNS}) {
+		t.Fatalf("after vm rm: %d ingress qdiscs, record %+v", q, readRecord(conf.HolderFile))
 	}
 
-	// A VM that stopped without being reclaimed still holds it: the next VM takes it from there.
-	if err := takeInterface(conf, vm1, "eth0"); err != nil {
+	// An interface an earlier cocoon-cri moved into a VM's namespace comes back at that VM's
+	// removal, as it did then.
+	vm3 := n.newNS("vm3")
+	if err := moveLink(pod.NetNS, PodIfName, vm3, VMIfName); err != nil {
 		t.Fatal(err)
 	}
-	if err := writeHolder(conf.HolderFile, vm1); err != nil {
+	if err := writeHolder(conf.HolderFile, vm3); err != nil {
 		t.Fatal(err)
 	}
-	vm2 := n.newNS("vm2")
-	if err := takeInterface(conf, vm2, "eth0"); err != nil {
-		t.Fatal(err)
-	}
-	if linkIn(t, vm2, "eth0") == nil || linkIn(t, vm1, "eth0") != nil {
-		t.Fatal("the second VM did not take the interface from the first")
-	}
-	if err := Reclaim(pod.NetNS, vm2, "eth0", result); err != nil {
-		t.Fatal(err)
+	del(vm3)
+	if got := addrsIn(t, pod.NetNS, PodIfName); strings.Join(got, ",") != strings.Join(podAddrs, ",") {
+		t.Fatalf("addresses after the earlier VM's removal %v, want %v", got, podAddrs)
 	}
 
 	n.inNode(func() error { return n.cni.Del(ctx, list.Bytes, pod) })
@@ -274,6 +283,11 @@ func TestAttachHandsThePodInterfaceOverAndBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	n.inNode(func() error { return n.cni.Del(ctx, list.Bytes, pod) })
+	// A VM's removal after its pod's namespace went finds nothing to give back.
+	if err := writeRecord(conf.HolderFile, holderRecord{At: pod.NetNS, WiredTo: vm2}); err != nil {
+		t.Fatal(err)
+	}
+	del(vm2)
 }
 
 func TestAddPassesKubeletArgsAndCapabilities(t *testing.T) {

@@ -2,6 +2,7 @@ package tapmanager
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -11,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/cni/pkg/skel"
+	cnitypes "github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -19,15 +22,12 @@ import (
 	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
-// cocoonClones plays cocoon's part of a clone in vmNS: the attach plugin's ADD takes the interface
-// named by conf, and a TAP is wired to it.
+// cocoonClones plays cocoon's part of a clone in vmNS: the attach plugin's ADD links the interface
+// conf names, and a TAP is wired to it.
 func cocoonClones(t *testing.T, conf *attachConf, vmNS string) {
 	t.Helper()
-	if err := takeInterface(conf, vmNS, VMIfName); err != nil {
-		t.Fatal(err)
-	}
-	if err := writeHolder(conf.HolderFile, vmNS); err != nil {
-		t.Fatal(err)
+	if err := runPlugin(t, attachAdd, conf, vmNS); err != nil {
+		t.Fatalf("the plugin's ADD in %s: %v", vmNS, err)
 	}
 	// A TAP is made through /dev/net/tun, in the calling thread's namespace.
 	err := ns.WithNetNSPath(vmNS, func(ns.NetNS) error {
@@ -39,6 +39,30 @@ func cocoonClones(t *testing.T, conf *attachConf, vmNS string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// runPlugin runs the attach plugin's ADD or DEL as cocoon runs it for the VM namespace vmNS, its
+// output (the CNI result) discarded.
+func runPlugin(t *testing.T, cmd func(*skel.CmdArgs) error, conf *attachConf, vmNS string) error {
+	t.Helper()
+	result := conf.PodResult
+	if len(result) == 0 {
+		result = json.RawMessage(`{"cniVersion":"1.0.0","ips":[{"address":"192.0.2.1/32"}]}`)
+	}
+	stdin, err := json.Marshal(attachConf{PluginConf: cnitypes.PluginConf{CNIVersion: "1.0.0", Name: CocoonNetwork, Type: AttachPluginName},
+		PodNetNS: conf.PodNetNS, HolderFile: conf.HolderFile, PodResult: result})
+	if err != nil {
+		t.Fatal(err)
+	}
+	devNull, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer devNull.Close()
+	stdout := os.Stdout
+	os.Stdout = devNull
+	defer func() { os.Stdout = stdout }()
+	return cmd(&skel.CmdArgs{ContainerID: filepath.Base(vmNS), Netns: vmNS, IfName: VMIfName, StdinData: stdin})
 }
 
 // waitGone waits until the kernel has destroyed link in nsPath (a namespace is cleaned up
@@ -86,8 +110,9 @@ func redirectTarget(t *testing.T, nsPath, link string) int {
 }
 
 // TestPoolVMTakesThePodInterfaceInPlaceOfItsPlaceholder hands a pool VM a pod's interface: nothing
-// moves but an interface a previous VM held, a veth pair joins the pod's namespace and the VM's,
-// frames cross both ways, and the pod's DEL, after RestorePodInterface, releases everything.
+// moves but an interface an earlier cocoon-cri moved into a VM, a veth pair joins the pod's
+// namespace and the VM's, frames cross both ways, and the pod's DEL, after RestorePodInterface,
+// releases everything.
 func TestPoolVMTakesThePodInterfaceInPlaceOfItsPlaceholder(t *testing.T) {
 	n := newTestNetwork(t, "10.78.0.0/24")
 	n.masquerade("10.78.0.0/24")
@@ -156,14 +181,16 @@ func TestPoolVMTakesThePodInterfaceInPlaceOfItsPlaceholder(t *testing.T) {
 	}
 	waitGone(t, vmNS, placeholderPeer)
 
-	// The pod's next VM is a cold clone: cocoon's CNI moves the interface, tc's wiring dropped.
-	coldVM := n.newNS("cold")
-	cocoonClones(t, &attachConf{PodNetNS: pod.NetNS, HolderFile: holderFile, PodResult: raw}, coldVM)
-	if got := readRecord(holderFile); got != (holderRecord{At: coldVM}) {
-		t.Fatalf("holder record after a clone %+v", got)
+	// An earlier cocoon-cri moved the interface into a clone's namespace, which keeps it while the
+	// clone is stopped: the hand-over takes it home first. An earlier try of the hand-over was cut
+	// short after it made the pair, before it marked its end.
+	oldVM := n.newNS("old")
+	if err := moveLink(pod.NetNS, PodIfName, oldVM, VMIfName); err != nil {
+		t.Fatal(err)
 	}
-	// Then a pool VM again: the interface comes home from the stopped clone, and is wired. An
-	// earlier try was cut short after it made the pair, before it marked its end.
+	if err := writeHolder(holderFile, oldVM); err != nil {
+		t.Fatal(err)
+	}
 	vm2 := poolVM("pool2123456789ab", "vm2")
 	podNS, err := netns.GetFromPath(pod.NetNS)
 	if err != nil {
@@ -171,7 +198,8 @@ func TestPoolVMTakesThePodInterfaceInPlaceOfItsPlaceholder(t *testing.T) {
 	}
 	defer podNS.Close()
 	if err := withHandle(vm2, func(h *netlink.Handle) error {
-		return h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: linkNewName}, PeerName: linkEndName(vm2), PeerNamespace: netlink.NsFd(podNS)})
+		hw, _ := net.ParseMAC(mac)
+		return h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: linkNewName, HardwareAddr: hw}, PeerName: linkEndName(vm2), PeerNamespace: netlink.NsFd(podNS)})
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +207,7 @@ func TestPoolVMTakesThePodInterfaceInPlaceOfItsPlaceholder(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkWired(t, pod.NetNS, vm2, mac)
-	if linkIn(t, coldVM, VMIfName) != nil {
+	if linkIn(t, oldVM, VMIfName) != nil {
 		t.Fatal("the stopped clone still holds the pod interface")
 	}
 	framesCross(t, n, pod.NetNS, vm2, podAddrs[0], mac)
@@ -225,6 +253,9 @@ func checkWired(t *testing.T, podNS, vmNS, mac string) {
 	vmEnd, podEnd, tap := linkIn(t, vmNS, VMIfName), linkIn(t, podNS, linkEndName(vmNS)), linkIn(t, vmNS, "tap0")
 	if vmEnd == nil || vmEnd.Type() != "veth" || isPodInterface(vmEnd) || podEnd == nil || podEnd.Type() != "veth" {
 		t.Fatalf("the pair: %v in the VM's namespace, %v in the pod's", vmEnd, podEnd)
+	}
+	if vmEnd.Attrs().HardwareAddr.String() != mac {
+		t.Errorf("the pair's end in the VM's namespace has MAC %s, want the pod's %s: cocoon gives it to the guest", vmEnd.Attrs().HardwareAddr, mac)
 	}
 	if vmEnd.Attrs().MTU != eth0.Attrs().MTU || podEnd.Attrs().MTU != eth0.Attrs().MTU {
 		t.Errorf("MTUs: pair %d/%d, pod interface %d", vmEnd.Attrs().MTU, podEnd.Attrs().MTU, eth0.Attrs().MTU)

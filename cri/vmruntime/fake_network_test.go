@@ -26,9 +26,10 @@ import (
 // The pod interface is where the namespace path in ifaces says. The fake cocoon runs the attach
 // plugin (attachAdd, attachDel) as cocoon does for the VMs of a sandbox. As with the cluster's
 // real plugins, a DEL that does not find the interface in the pod's namespace leaves what the
-// plugins set up on it (unreleased), and an interface goes with the namespace it is in. A pool VM's
-// hand-over leaves the interface home but wired to the VM (wired), without its addresses: a DEL
-// before RestorePodInterface misses them as it would a moved interface.
+// plugins set up on it (unreleased), and an interface goes with the namespace it is in. The attach
+// plugin and a pool VM's hand-over leave the interface home but wired to the VM (wired), without
+// its addresses: a DEL before RestorePodInterface or the VM's removal misses them as it would a
+// moved interface.
 type fakeNetwork struct {
 	faults
 
@@ -385,6 +386,7 @@ func (n *fakeNetwork) RemovePoolVM(id string) error {
 	delete(n.netns, n.netNSPath(id))
 	delete(n.cocoon, id)
 	delete(n.ifaces, id)
+	delete(n.wired, id)
 	return nil
 }
 
@@ -457,27 +459,32 @@ func sandboxOfConfDir(dir string) string {
 }
 
 // attachAdd is the attach plugin's ADD for a new VM of the sandbox configured in confDir: the
-// interface comes from wherever it is. A sandbox the fake never attached is left alone.
+// interface, brought home if a VM holds it, is wired to the new VM. A sandbox the fake never
+// attached is left alone.
 func (n *fakeNetwork) attachAdd(confDir, vmNetNS string) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	id := sandboxOfConfDir(confDir)
 	switch {
 	case n.ifaces[id] != "":
-		n.ifaces[id] = vmNetNS
-		delete(n.wired, id)
+		n.ifaces[id], n.wired[id] = n.netNSPath(id), vmNetNS
 	case n.cocoon[id] != nil:
 		return fmt.Errorf("the pod interface %s of sandbox %s is neither in its namespace nor held by a VM", tapmanager.PodIfName, id)
 	}
 	return nil
 }
 
-// attachDel is the plugin's DEL as vm rm runs it: a VM that holds the interface gives it back to
-// the pod's namespace, or, with that gone, it goes with the VM's.
+// attachDel is the plugin's DEL as vm rm runs it: the interface wired to that VM gets its
+// addresses back; one a VM holds goes back to the pod's namespace, or, with that gone, with the
+// VM's.
 func (n *fakeNetwork) attachDel(confDir, vmNetNS string) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	id := sandboxOfConfDir(confDir)
+	if n.wired[id] == vmNetNS {
+		delete(n.wired, id)
+		return
+	}
 	if n.ifaces[id] != vmNetNS {
 		return
 	}
@@ -486,6 +493,17 @@ func (n *fakeNetwork) attachDel(confDir, vmNetNS string) {
 	} else {
 		delete(n.ifaces, id)
 	}
+}
+
+// servedBy is the VM namespace the sandbox's pod interface serves: the one it is wired to, or the
+// one that holds it; its own namespace when none.
+func (n *fakeNetwork) servedBy(sandboxID string) string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if vm := n.wired[sandboxID]; vm != "" {
+		return vm
+	}
+	return n.ifaces[sandboxID]
 }
 
 // interfaceAt is the namespace the sandbox's pod interface is in; "" when it is gone.

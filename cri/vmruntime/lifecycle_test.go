@@ -78,10 +78,10 @@ func TestClonedPodLife(t *testing.T) {
 	if vm, _ := n.cocoon.vm(c.VM.ID); vm.State != cocoon.VMStateStopped {
 		t.Errorf("VM %s after the stop", vm.State)
 	}
-	// The stopped VM keeps the pod interface: nothing moves it at a stop.
+	// The pod interface stays wired to the stopped VM: nothing changes at a stop.
 	wantCalls(t, "stop: network", n.net.calls())
-	if at := n.net.interfaceAt(sandboxID); at != c.VM.NetNS {
-		t.Errorf("after the stop the pod interface is in %q, want the stopped VM's %q", at, c.VM.NetNS)
+	if at := n.net.servedBy(sandboxID); at != c.VM.NetNS {
+		t.Errorf("after the stop the pod interface serves %q, want the stopped VM's %q", at, c.VM.NetNS)
 	}
 
 	if _, err := n.s.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: containerID}); err != nil {

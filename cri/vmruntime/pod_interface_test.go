@@ -13,11 +13,11 @@ import (
 	"github.com/cocoonstack/cocoon-cri/tapmanager"
 )
 
-// A stopped VM keeps the pod interface until something needs it: the pod's next VM (a restart)
-// takes it from there, its counters are read there, the removal of the VM that no longer holds it
+// A stopped VM stays wired to the pod interface until something needs it: the pod's next VM (a
+// restart) is wired in its place, the counters are read, the removal of the VM it no longer serves
 // changes nothing, and the pod's CNI DEL, which the kubelet runs before removing the exited
-// containers, finds it back in the pod's namespace. Nothing is left behind.
-func TestAStoppedVMKeepsThePodInterfaceUntilNeeded(t *testing.T) {
+// containers, finds it as the cluster's CNI left it. Nothing is left behind.
+func TestAStoppedVMStaysWiredToThePodInterfaceUntilNeeded(t *testing.T) {
 	n := newFakeNode(t, Config{})
 	ctx := context.Background()
 	sandboxID, first := n.runningPod("web")
@@ -29,8 +29,8 @@ func TestAStoppedVMKeepsThePodInterfaceUntilNeeded(t *testing.T) {
 	}
 	interfaceIn := func(when, want string) {
 		t.Helper()
-		if at := n.net.interfaceAt(sandboxID); at != want {
-			t.Fatalf("%s: the pod interface is in %q, want %q", when, at, want)
+		if at := n.net.servedBy(sandboxID); at != want {
+			t.Fatalf("%s: the pod interface serves %q, want %q", when, at, want)
 		}
 	}
 
@@ -101,8 +101,8 @@ func TestEndedVMsGiveTheInterfaceBackForThePodsDEL(t *testing.T) {
 			if c := n.container(containerID); c.State != store.ContainerExited {
 				t.Fatalf("the container is %s", c.State)
 			}
-			if at := n.net.interfaceAt(sandboxID); at != vm.NetNS {
-				t.Errorf("the pod interface is in %q, want the VM's %q", at, vm.NetNS)
+			if at := n.net.servedBy(sandboxID); at != vm.NetNS {
+				t.Errorf("the pod interface serves %q, want the VM's %q", at, vm.NetNS)
 			}
 			if _, err := n.s.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: sandboxID}); err != nil {
 				t.Fatal(err)

@@ -150,8 +150,8 @@ func TestRecoverAdoptsRunningVMsAndRecordsTheRest(t *testing.T) {
 	if calls := n.net.calls("ReclaimFromVM"); len(calls) != 1 || !strings.HasSuffix(calls[0], " "+n.container(removed).VM.NetNS) {
 		t.Errorf("interfaces taken back: %q", calls)
 	}
-	if at := n.net.interfaceAt(n.container(stopped).SandboxID); at != n.container(stopped).VM.NetNS {
-		t.Errorf("the pod interface of the VM that stopped is in %q", at)
+	if at := n.net.servedBy(n.container(stopped).SandboxID); at != n.container(stopped).VM.NetNS {
+		t.Errorf("the pod interface of the VM that stopped serves %q", at)
 	}
 	for _, held := range n.net.held() {
 		if strings.Contains(held, "0123456789abcdef") {

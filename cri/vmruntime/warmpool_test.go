@@ -222,8 +222,8 @@ func TestWarmPoolMissesAndFallsBack(t *testing.T) {
 	if dir := n.cocoon.vmConfDir(c.VM.ID); dir != n.net.CocoonConfDir(sandboxID) {
 		t.Errorf("the fallback clone used --cni-conf-dir %q", dir)
 	}
-	if at := n.net.interfaceAt(sandboxID); at != c.VM.NetNS {
-		t.Errorf("after the fallback the pod interface is in %q, want the clone's %q", at, c.VM.NetNS)
+	if at := n.net.servedBy(sandboxID); at != c.VM.NetNS {
+		t.Errorf("after the fallback the pod interface serves %q, want the clone's %q", at, c.VM.NetNS)
 	}
 	if obs.fallbacks != 1 || obs.handOvers != 0 {
 		t.Errorf("metrics: fallbacks %d, hand-overs %d", obs.fallbacks, obs.handOvers)
