@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/containernetworking/cni/libcni"
 	"github.com/vishvananda/netlink"
 )
 
@@ -80,16 +81,7 @@ func TestThePodsDELFindsItsInterfaceAsTheCNILeftIt(t *testing.T) {
 		t.Fatalf("a repeated reclaim: %v", err)
 	}
 
-	n.inNode(func() error { return n.cni.Del(ctx, list.Bytes, pod) })
-	if leases := n.leases(); len(leases) != 0 {
-		t.Errorf("IP leases left: %v", leases)
-	}
-	if rules := masqRules(t, n, pod.SandboxID); len(rules) != 0 {
-		t.Errorf("masquerade rules left: %q", rules)
-	}
-	if veths := vethsIn(t, n.node); len(veths) != 0 {
-		t.Errorf("veths left on the node: %q", veths)
-	}
+	n.delReleasesAll(ctx, list, pod)
 	// vm1's removal after the pod's DEL finds nothing to give back.
 	if err := runPlugin(t, attachDel, conf, vm1); err != nil {
 		t.Fatal(err)
@@ -110,6 +102,22 @@ func (n *testNetwork) masquerade(subnet string) {
 		subnet, filepath.Join(n.dir, "ipam"))
 	if err := os.WriteFile(filepath.Join(n.confDir, "10-pods.conflist"), []byte(conf), 0o644); err != nil {
 		n.t.Fatal(err)
+	}
+}
+
+// delReleasesAll runs the pod's CNI DEL and checks that it left no IP lease, masquerade rule or
+// node veth: it found the pod interface as the cluster's CNI left it.
+func (n *testNetwork) delReleasesAll(ctx context.Context, list *libcni.NetworkConfigList, pod Pod) {
+	n.t.Helper()
+	n.inNode(func() error { return n.cni.Del(ctx, list.Bytes, pod) })
+	if leases := n.leases(); len(leases) != 0 {
+		n.t.Errorf("IP leases left: %v", leases)
+	}
+	if rules := masqRules(n.t, n, pod.SandboxID); len(rules) != 0 {
+		n.t.Errorf("masquerade rules left: %q", rules)
+	}
+	if veths := vethsIn(n.t, n.node); len(veths) != 0 {
+		n.t.Errorf("veths left on the node: %q", veths)
 	}
 }
 

@@ -227,16 +227,7 @@ func TestPoolVMTakesThePodInterfaceInPlaceOfItsPlaceholder(t *testing.T) {
 	if q := ingressQdiscs(t, pod.NetNS, PodIfName); q != 0 {
 		t.Fatalf("the restored interface keeps %d ingress qdiscs", q)
 	}
-	n.inNode(func() error { return n.cni.Del(ctx, list.Bytes, pod) })
-	if leases := n.leases(); len(leases) != 0 {
-		t.Errorf("IP leases left: %v", leases)
-	}
-	if rules := masqRules(t, n, pod.SandboxID); len(rules) != 0 {
-		t.Errorf("masquerade rules left: %q", rules)
-	}
-	if veths := vethsIn(t, n.node); len(veths) != 0 {
-		t.Errorf("veths left on the node: %q", veths)
-	}
+	n.delReleasesAll(ctx, list, pod)
 }
 
 // checkWired checks a hand-over's work: the pod interface home without addresses, a veth pair
