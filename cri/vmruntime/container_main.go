@@ -109,6 +109,12 @@ func (s *Runtime) mainExited(ctx context.Context, sandboxID, containerID string,
 	if err != nil {
 		return
 	}
+	if runErr != nil && !errors.Is(runErr, errMainProcessLost) && c.VM.PID > 0 && !hypervisorProcess(c.VM.PID, c.VM).Alive(procRoot) {
+		// The command, or the guest's set-up before it, failed because the VM ended under it (a
+		// crash, a power-off): the container ends as its VM did, which the VM watcher records.
+		s.log.Info("the container's command failed as its VM ended; the VM's end is recorded", "container", containerID, "err", runErr)
+		return
+	}
 	status := exitStatus{code: int32(code), reason: reasonCompleted, message: fmt.Sprintf("the command exited with %d", code)}
 	if code != 0 {
 		status.reason = reasonError

@@ -144,3 +144,31 @@ func TestVMWatcherTellsHowAVMEnded(t *testing.T) {
 		t.Errorf("the pod interface was taken back from %v, want only from the VM cocoon lost", reclaimed)
 	}
 }
+
+// A command (or the guest's set-up before it) that fails because its VM ended under it leaves
+// the container to the VM watcher, which records how the VM ended: a crash is VMCrashed, not the
+// exec's error. One that fails while its VM runs ends the container with GuestExecError.
+func TestACommandFailedByItsVMsEndLeavesTheEndToTheWatcher(t *testing.T) {
+	ctx := context.Background()
+	n := newFakeNode(t, Config{})
+	pid, _ := hypervisorStandIn(t)
+	n.cocoon.setPID(func() int { return pid })
+	_, alive := n.runningPod("alive")
+	n.cocoon.setPID(func() int { return fakeDeadPIDs }) // a hypervisor that has ended
+	crashedSandbox, crashed := n.runningPod("crashed")
+	execErr := errors.New("exec: agent: connection closed before exit frame")
+
+	n.s.mainExited(ctx, crashedSandbox, crashed, 0, execErr)
+	if c := n.container(crashed); c.State != store.ContainerRunning {
+		t.Fatalf("a command failed by its VM's end was recorded itself: %s %s", c.State, c.Reason)
+	}
+	n.s.watcher.checkVMEndedOnce(ctx, crashedSandbox, crashed, n.container(crashed).VM.ID, true)
+	if c := n.container(crashed); c.State != store.ContainerExited || c.Reason != reasonVMCrashed || c.ExitCode != killedExitCode {
+		t.Fatalf("the container of a crashed VM: %s %s %d, want EXITED %s %d", c.State, c.Reason, c.ExitCode, reasonVMCrashed, killedExitCode)
+	}
+
+	n.s.mainExited(ctx, n.container(alive).SandboxID, alive, 0, execErr)
+	if c := n.container(alive); c.State != store.ContainerExited || c.Reason != reasonGuestExecError || c.ExitCode != startErrorExitCode {
+		t.Fatalf("a command that failed in a running VM: %s %s %d", c.State, c.Reason, c.ExitCode)
+	}
+}
