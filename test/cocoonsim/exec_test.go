@@ -393,14 +393,18 @@ func shutdownVM(t *testing.T, socket string) {
 
 // TestGuestHasItsOwnFilesystem: what a guest writes (a file under /etc, a device
 // node's path in /dev) is the guest's own, as on a VM's disk: the host never sees it, another VM
-// does not either, and the guest finds it again after a reboot.
+// does not either, and the guest finds it again after a reboot. Its /root starts empty: the host
+// root's dotfiles are not the guest's.
 func TestGuestHasItsOwnFilesystem(t *testing.T) {
 	s := newSimAt(t, "0.5.1")
 	s.importSnapshot(testimage.SnapshotOptions{Name: "base"})
 	s.clone("base", "a")
 	s.clone("base", "b")
+	if got := s.inGuest("a", "ls", "-A", "/root"); got != "" {
+		t.Fatalf("a new guest's /root holds %q, want nothing", got)
+	}
 	dir := "/etc/cocoon-sim-guest-" + strings.ToLower(t.Name())
-	s.inGuest("a", "sh", "-c", "mkdir -p "+dir+" && echo mine > "+dir+"/f && echo log > /dev/termination-log")
+	s.inGuest("a", "sh", "-c", "mkdir -p "+dir+" && echo mine > "+dir+"/f && echo log > /dev/termination-log && echo home > /root/f")
 	if _, err := os.Stat(dir); err == nil {
 		os.RemoveAll(dir) //nolint:errcheck
 		t.Fatalf("%s written in the guest appeared on the host", dir)
@@ -427,7 +431,7 @@ func TestGuestHasItsOwnFilesystem(t *testing.T) {
 	eventually(t, "the guest's agent after a restart", func() bool {
 		return s.vmExec("", "a", "--", "true").code == 0
 	})
-	if got := s.inGuest("a", "cat", dir+"/f"); got != "mine\n" {
+	if got := s.inGuest("a", "cat", dir+"/f", "/root/f"); got != "mine\nhome\n" {
 		t.Fatalf("after a reboot the guest reads %q", got)
 	}
 }

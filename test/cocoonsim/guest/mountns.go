@@ -67,6 +67,9 @@ func pivotToOwnRoot(runDir string) error {
 			return fmt.Errorf("guest root: %w", err)
 		}
 	}
+	if err := ownRootHome(upper); err != nil {
+		return err
+	}
 	opts := fmt.Sprintf("lowerdir=/,upperdir=%s,workdir=%s", upper, work)
 	if err := unix.Mount("overlay", root, "overlay", 0, opts); err != nil {
 		return fmt.Errorf("mount guest root (%s): %w", opts, err)
@@ -98,6 +101,23 @@ func pivotToOwnRoot(runDir string) error {
 		return fmt.Errorf("let go of the host's root: %w", err)
 	}
 	return unix.Chdir("/")
+}
+
+// ownRootHome gives the guest a /root of its own, empty at its first boot, as an image's: an
+// opaque directory in the overlay's upper layer hides the host's. Through the host's, every
+// command sshd runs would read the host root's shell start-up files (bash reads ~/.bashrc when
+// sshd starts it), and take whatever time they take on the host.
+func ownRootHome(upper string) error {
+	home := filepath.Join(upper, "root")
+	if err := unix.Mkdir(home, 0o700); errors.Is(err, unix.EEXIST) {
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("guest /root: %w", err)
+	}
+	if err := unix.Setxattr(home, "trusted.overlay.opaque", []byte("y"), 0); err != nil {
+		return fmt.Errorf("guest /root of its own: %w", err)
+	}
+	return nil
 }
 
 // populateDev gives the guest the /dev a booted Linux has: its own tmpfs, where a file made in
