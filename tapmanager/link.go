@@ -11,6 +11,7 @@ import (
 
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
@@ -98,6 +99,9 @@ func linkToVM(podNetNS, vmNetNS, ifName string, wireTAP bool) error {
 					return err
 				}
 			}
+			if err := silenceIPv6(vm, vmEnd); err != nil {
+				return err
+			}
 			if err := vm.LinkSetUp(vmEnd); err != nil {
 				return fmt.Errorf("set %s up: %w", ifName, err)
 			}
@@ -113,6 +117,9 @@ func linkToVM(podNetNS, vmNetNS, ifName string, wireTAP bool) error {
 		if err != nil {
 			return fmt.Errorf("find %s in %s: %w", end, podNetNS, err)
 		}
+		if err := silenceIPv6(pod, peer); err != nil {
+			return err
+		}
 		if err := pod.LinkSetUp(peer); err != nil {
 			return fmt.Errorf("set %s up: %w", end, err)
 		}
@@ -123,6 +130,18 @@ func linkToVM(podNetNS, vmNetNS, ifName string, wireTAP bool) error {
 		}
 		return nil
 	})
+}
+
+// silenceIPv6 keeps a pair's end, before it comes up, from making an IPv6 link-local address, and
+// so from sending neighbour and router solicitations of its own: the VM's end has the pod's MAC,
+// and what reaches the pod's link and the guest must be the guest's and the node's alone. A node
+// without IPv6 has nothing to silence.
+func silenceIPv6(h *netlink.Handle, link netlink.Link) error {
+	err := h.LinkSetIP6AddrGenMode(link, nl.IN6_ADDR_GEN_MODE_NONE)
+	if err != nil && !errors.Is(err, unix.EAFNOSUPPORT) {
+		return fmt.Errorf("turn off IPv6 address generation on %s: %w", link.Attrs().Name, err)
+	}
+	return nil
 }
 
 // linkNewName is the VM's end of a pair until it is marked and can take the pod interface's name:

@@ -251,6 +251,11 @@ func checkWired(t *testing.T, podNS, vmNS, mac string) {
 	if vmEnd.Attrs().MTU != eth0.Attrs().MTU || podEnd.Attrs().MTU != eth0.Attrs().MTU {
 		t.Errorf("MTUs: pair %d/%d, pod interface %d", vmEnd.Attrs().MTU, podEnd.Attrs().MTU, eth0.Attrs().MTU)
 	}
+	for _, end := range []struct{ ns, name string }{{vmNS, VMIfName}, {podNS, podEnd.Attrs().Name}} {
+		if mode := ipv6AddrGenMode(t, end.ns, end.name); mode != "1" {
+			t.Errorf("the pair's end %s makes IPv6 addresses (addr_gen_mode %s), and speaks on the pod's link with them", end.name, mode)
+		}
+	}
 	for _, w := range []struct {
 		ns, from string
 		to       netlink.Link
@@ -259,6 +264,20 @@ func checkWired(t *testing.T, podNS, vmNS, mac string) {
 			t.Errorf("%s's frames go to ifindex %d, want %s's %d", w.from, got, w.to.Attrs().Name, w.to.Attrs().Index)
 		}
 	}
+}
+
+// ipv6AddrGenMode reads a link's IPv6 address generation mode (1: none) in its namespace.
+func ipv6AddrGenMode(t *testing.T, nsPath, name string) string {
+	t.Helper()
+	var mode []byte
+	err := ns.WithNetNSPath(nsPath, func(ns.NetNS) (err error) {
+		mode, err = os.ReadFile("/proc/sys/net/ipv6/conf/" + name + "/addr_gen_mode")
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(mode))
 }
 
 // framesCross sends a UDP packet from the node to the pod's address and reads, on the VM's TAP,
