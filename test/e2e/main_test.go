@@ -111,6 +111,10 @@ func run(m *testing.M) int {
 	}
 	host := hostguard.Snapshot()
 	code := m.Run()
+	if err := harness.RemovePoolCgroupParent(); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
 	if err := host.Check(); err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1

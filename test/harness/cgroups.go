@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/cocoonstack/cocoon-cri/test/stale"
 	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
@@ -163,6 +165,20 @@ const poolCgroupRoot = "/cocoon-cri-pool/"
 // stop leaves its pool VMs running, for the next start to adopt, and a test has no next start.
 func (n *Node) poolCgroups() []string {
 	return poolCgroupsOf(stale.ProcessesWhose(func(args string) bool { return strings.Contains(args, n.RunDir+"/") }))
+}
+
+// RemovePoolCgroupParent removes the warm pools' parent cgroup from every hierarchy once the run's
+// daemons are gone: a daemon leaves it when its pool VMs outlive it (a test's node removes their
+// cgroups, not the parent they share with other nodes'). Only an empty cgroup can go: one that a
+// daemon outside the run still uses stays, and is no error.
+func RemovePoolCgroupParent() error {
+	var errs []error
+	for _, d := range CgroupDirs(poolCgroupRoot) {
+		if err := os.Remove(d); err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, unix.EBUSY) {
+			errs = append(errs, fmt.Errorf("remove the warm pools' cgroup %s: %w", d, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // poolCgroupsOf lists the warm pool cgroups that pids are in.
