@@ -8,10 +8,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/atomicfile"
@@ -208,67 +210,47 @@ func saveProbe(file, key string, caps Capabilities) error {
 }
 
 // probeHelp reads what the binary offers from the --help of the subcommands whose flags changed.
+// The helps are asked at once: each is a process start, and on a loaded node one after another
+// they held the daemon's start for as long as the slowest ten process starts in a row.
 func probeHelp(ctx context.Context, c *Client, version string) (Capabilities, error) {
-	caps := Capabilities{Version: version}
-	help := func(args ...string) (string, error) {
-		out, err := c.run(ctx, call{args: append(args, "--help"), timeout: probeTimeout})
-		if err != nil {
-			return "", fmt.Errorf("probe cocoon %s: %w", strings.Join(args, " "), err)
-		}
-		return string(out), nil
+	subcommands := [][]string{
+		{"vm", "clone"}, {"vm", "exec"}, {"vm", "reseed"}, {"vm", "disk", "attach"},
+		{"vm", "device", "attach"}, {"vm", "fs", "attach"}, {"vm", "create"}, {"vm", "hibernate"},
+		{"vm", "restore"},
 	}
-	clone, err := help("vm", "clone")
-	if err != nil {
+	helps := make([]string, len(subcommands))
+	g, gctx := errgroup.WithContext(ctx)
+	for i, args := range subcommands {
+		g.Go(func() error {
+			out, err := c.run(gctx, call{args: append(slices.Clone(args), "--help"), timeout: probeTimeout})
+			if err != nil {
+				return fmt.Errorf("probe cocoon %s: %w", strings.Join(args, " "), err)
+			}
+			helps[i] = string(out)
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
 		return Capabilities{}, err
 	}
+	clone, exec, reseed, disk, device, fs, create, hibernate, restore :=
+		helps[0], helps[1], helps[2], helps[3], helps[4], helps[5], helps[6], helps[7], helps[8]
+
+	caps := Capabilities{Version: version}
 	caps.CloneResize = hasFlag(clone, "cpu") && hasFlag(clone, "memory") && hasFlag(clone, "storage")
 	caps.CloneOnDemand = hasFlag(clone, "on-demand")
 	caps.CloneRestoreMode = hasFlag(clone, "restore-mode")
 	// cobra answers the help of a subcommand it does not have with its parent's, exit 0: the
 	// usage line tells which help came back.
-	exec, err := help("vm", "exec")
-	if err != nil {
-		return Capabilities{}, err
-	}
 	caps.Exec = strings.Contains(exec, execUsage)
-	reseed, err := help("vm", "reseed")
-	if err != nil {
-		return Capabilities{}, err
-	}
 	caps.ReseedMachineID = strings.Contains(reseed, "cocoon vm reseed") && hasFlag(reseed, "machine-id")
-	disk, err := help("vm", "disk", "attach")
-	if err != nil {
-		return Capabilities{}, err
-	}
 	caps.DiskAttach = strings.Contains(disk, "cocoon vm disk attach") && hasFlag(disk, "path") && hasFlag(disk, "name")
-	device, err := help("vm", "device", "attach")
-	if err != nil {
-		return Capabilities{}, err
-	}
 	caps.DeviceAttach = strings.Contains(device, "cocoon vm device attach") && hasFlag(device, "pci") && hasFlag(device, "id")
-	fs, err := help("vm", "fs", "attach")
-	if err != nil {
-		return Capabilities{}, err
-	}
-	if strings.Contains(fs, "cocoon vm fs attach") && hasFlag(fs, "socket") && hasFlag(fs, "tag") {
-		create, err := help("vm", "create")
-		if err != nil {
-			return Capabilities{}, err
-		}
-		caps.FsAttach = hasFlag(create, "shared-memory")
-	}
-	hibernate, err := help("vm", "hibernate")
-	if err != nil {
-		return Capabilities{}, err
-	}
-	if strings.Contains(hibernate, "cocoon vm hibernate") && hasFlag(hibernate, "name") {
-		restore, err := help("vm", "restore")
-		if err != nil {
-			return Capabilities{}, err
-		}
-		caps.Hibernate = strings.Contains(restore, "cocoon vm restore")
-		caps.RestoreMode = caps.Hibernate && hasFlag(restore, "restore-mode")
-	}
+	caps.FsAttach = strings.Contains(fs, "cocoon vm fs attach") && hasFlag(fs, "socket") && hasFlag(fs, "tag") &&
+		hasFlag(create, "shared-memory")
+	caps.Hibernate = strings.Contains(hibernate, "cocoon vm hibernate") && hasFlag(hibernate, "name") &&
+		strings.Contains(restore, "cocoon vm restore")
+	caps.RestoreMode = caps.Hibernate && hasFlag(restore, "restore-mode")
 	return caps, nil
 }
 

@@ -40,6 +40,10 @@ const (
 		"  -h, --help             help for attach\n      --num-queues int   request queues (0 = default 1)\n  -o, --output string    output format\n" +
 		"      --queue-size int   queue depth (0 = default 1024)\n      --socket string    absolute path to a virtiofsd unix socket (required)\n" +
 		"      --tag string       guest mount tag (required; also detach key)\n"
+	createHelpV038 = "Create a VM from an image\n\nUsage:\n  cocoon vm create [flags] IMAGE\n\nFlags:\n" +
+		"      --cpu int          boot CPUs\n      --name string      VM name\n      --storage string   COW disk size\n"
+	restoreHelpV038 = "Restore a running VM to a previous snapshot\n\nUsage:\n  cocoon vm restore [flags] VM SNAPSHOT\n\nFlags:\n" +
+		"      --cpu int          boot CPUs\n      --memory string    memory size\n      --on-demand        use UFFD on-demand memory loading\n"
 	createHelpV05 = "Create a VM from an image\n\nUsage:\n  cocoon vm create [flags] IMAGE\n\nFlags:\n" +
 		"      --fc                 use Firecracker backend\n      --name string        VM name\n" +
 		"      --shared-memory      enable CH memory shared=on; required to attach vhost-user-fs later\n"
@@ -63,7 +67,9 @@ func v038Probe() []response {
 		{match: "vm disk attach --help", stdout: vmHelp},
 		{match: "vm device attach --help", stdout: vmHelp},
 		{match: "vm fs attach --help", stdout: vmHelp},
+		{match: "vm create --help", stdout: createHelpV038},
 		{match: "vm hibernate --help", stdout: vmHelp},
+		{match: "vm restore --help", stdout: restoreHelpV038},
 	}
 }
 

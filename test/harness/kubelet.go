@@ -133,7 +133,7 @@ imageGCLowThresholdPercent: 99
 		n.T.Fatal(err)
 	}
 	n.T.Cleanup(k.Stop)
-	k.WaitFor("the kubelet's health check", time.Minute, func() (bool, string) {
+	k.WaitFor("the kubelet's health check", StartWithin, func() (bool, string) {
 		status, body, err := n.HTTPGetInNode("http://127.0.0.1:10248/healthz")
 		return err == nil && status == 200, fmt.Sprintf("%d %q %v", status, body, err)
 	})

@@ -127,6 +127,11 @@ func (n *Node) InNode(fn func() error) {
 	}
 }
 
+// StartWithin is how long a daemon of the tests (cocoon-cri, a kubelet) may take to answer after
+// its start. A quick machine takes seconds; a loaded CI machine once took more than a minute for
+// cocoon-cri, whose start asks cocoon for its version and helps.
+const StartWithin = 3 * time.Minute
+
 // Start runs the daemon and waits until it answers.
 func (n *Node) Start() {
 	n.T.Helper()
@@ -134,7 +139,7 @@ func (n *Node) Start() {
 	// Asked in-process: a crictl per poll cost more CPU than the daemon's whole start, on every
 	// restart of the crash harness. A connection per poll: one that failed would wait out gRPC's
 	// reconnect backoff (a second and more) before it tried again.
-	if err := n.Daemon.WaitReady(time.Minute, 20*time.Millisecond, func() error {
+	if err := n.Daemon.WaitReady(StartWithin, 20*time.Millisecond, func() error {
 		conn, err := grpc.NewClient("unix://"+n.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			return err

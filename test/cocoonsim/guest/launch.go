@@ -27,7 +27,10 @@ const (
 	roleShim    = "shim"
 	roleVMM     = "vmm"
 	roleGuestOS = "os"
-	pidWaitOf   = 5 * time.Second
+	// pidWaitOf bounds only a shim that hangs: one that dies closes the pipe at once. Real
+	// cocoon has the hypervisor's PID as soon as it forks it; the shim's own start (a re-exec of
+	// this binary) is the simulator's, and on a loaded machine it took more than 5 s.
+	pidWaitOf = 2 * time.Minute
 	// guestOSArgv0 names the guest OS process in ps and /proc/PID/cmdline.
 	guestOSArgv0 = "cocoon-sim-guest-os"
 	shimArgv0    = "cocoon-sim-shim"
