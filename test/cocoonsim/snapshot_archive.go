@@ -14,6 +14,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 )
 
@@ -108,14 +110,93 @@ func readAndRemoveSnapshotJSON(dataDir string) (*cocoon.SnapshotConfig, error) {
 	return &envelope.Config, nil
 }
 
+// errEnvelopeMissing: a directory given to --from-dir has no snapshot.json (snapshot/envelope.go).
+var errEnvelopeMissing = errors.New("snapshot envelope missing")
+
+// readSnapshotEnvelope reads DIR/snapshot.json, leaving the directory as it is (cocoon's
+// ReadSnapshotEnvelope).
+func readSnapshotEnvelope(dir string) (*cocoon.SnapshotConfig, error) {
+	data, err := os.ReadFile(filepath.Join(dir, snapshotJSONName)) //nolint:gosec // operator-chosen directory
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%s missing in %s: %w", snapshotJSONName, dir, errEnvelopeMissing)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var envelope cocoon.SnapshotExport
+	if err := json.Unmarshal(data, &envelope); err != nil {
+		return nil, fmt.Errorf("decode %s: %w", filepath.Join(dir, snapshotJSONName), err)
+	}
+	if envelope.Version != cocoon.SnapshotExportVersion {
+		return nil, fmt.Errorf("unsupported snapshot envelope version %d (want %d)", envelope.Version, cocoon.SnapshotExportVersion)
+	}
+	return &envelope.Config, nil
+}
+
+// marshalEnvelope is snapshot.json: the first entry of an archive, the last file of an export to
+// a directory.
+func marshalEnvelope(cfg *cocoon.SnapshotConfig) ([]byte, error) {
+	meta, err := json.MarshalIndent(cocoon.SnapshotExport{Config: *cfg, Version: cocoon.SnapshotExportVersion}, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("marshal snapshot metadata: %w", err)
+	}
+	return append(meta, '\n'), nil
+}
+
+// exportToDir copies a snapshot's files into dir (created when absent, refused when not empty),
+// reflinked where the filesystem can, and writes snapshot.json last, so that its presence says the
+// data is whole (cocoon's localfile ExportToDir). What a failure copied stays, as in cocoon.
+func (s *snapshotStore) exportToDir(ctx context.Context, ref, dir string) error {
+	dataDir, cfg, err := s.dataDir(ctx, ref)
+	if err != nil {
+		return err
+	}
+	if err := ensureDirs(dir); err != nil {
+		return err
+	}
+	existing, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", dir, err)
+	}
+	if len(existing) > 0 {
+		return fmt.Errorf("target dir %s is not empty", dir)
+	}
+	entries, err := os.ReadDir(dataDir)
+	if err != nil {
+		return fmt.Errorf("read snapshot dir: %w", err)
+	}
+	var g errgroup.Group
+	for _, e := range entries {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		g.Go(func() error {
+			if err := reflinkCopy(filepath.Join(dir, e.Name()), filepath.Join(dataDir, e.Name())); err != nil {
+				return fmt.Errorf("copy %s: %w", e.Name(), err)
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	meta, err := marshalEnvelope(cfg)
+	if err == nil {
+		err = atomicWriteFile(filepath.Join(dir, snapshotJSONName), meta, 0o644)
+	}
+	if err != nil {
+		return fmt.Errorf("write envelope: %w", err)
+	}
+	return nil
+}
+
 // writeArchive writes a snapshot as cocoon exports it: snapshot.json first, then the data files
 // (sparse ones with cocoon's PAX records), optionally gzip-compressed at BestSpeed.
 func writeArchive(w io.Writer, dataDir string, cfg *cocoon.SnapshotConfig, compress bool) error {
-	meta, err := json.MarshalIndent(cocoon.SnapshotExport{Config: *cfg, Version: cocoon.SnapshotExportVersion}, "", "  ")
+	meta, err := marshalEnvelope(cfg)
 	if err != nil {
-		return fmt.Errorf("marshal snapshot metadata: %w", err)
+		return err
 	}
-	meta = append(meta, '\n')
 	var gz *gzip.Writer
 	if compress {
 		if gz, err = gzip.NewWriterLevel(w, gzip.BestSpeed); err != nil {

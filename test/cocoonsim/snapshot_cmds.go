@@ -32,6 +32,11 @@ func (a *app) snapshotCommand() *cobra.Command {
 	exportCmd := &cobra.Command{Use: "export SNAPSHOT", Short: "Export a snapshot to a portable archive file", Args: cobra.ExactArgs(1), RunE: a.snapshotExport}
 	exportCmd.Flags().StringP("output", "o", "", "output file path (default: <name-or-id>.tar)")
 	exportCmd.Flags().Bool("gzip", false, "compress output with gzip")
+	if a.profile.SnapshotDirs {
+		exportCmd.Flags().String("to-dir", "", "export into a directory (must be empty/absent) instead of a tar; pairs with 'vm clone --from-dir'")
+		exportCmd.MarkFlagsMutuallyExclusive("to-dir", "output")
+		exportCmd.MarkFlagsMutuallyExclusive("to-dir", "gzip")
+	}
 
 	importCmd := &cobra.Command{Use: "import [FILE]", Short: "Import a snapshot from a portable archive (file or stdin)", Args: cobra.MaximumNArgs(1), RunE: a.snapshotImport}
 	importCmd.Flags().String("name", "", "override snapshot name")
@@ -191,6 +196,14 @@ func (a *app) snapshotExport(cmd *cobra.Command, args []string) (err error) {
 	ref := args[0]
 	output, _ := cmd.Flags().GetString("output")
 	compress, _ := cmd.Flags().GetBool("gzip")
+	if toDir, _ := cmd.Flags().GetString("to-dir"); toDir != "" {
+		logger.Infof("exporting to dir %s ...", toDir)
+		if err := store.exportToDir(cmd.Context(), ref, toDir); err != nil {
+			return fmt.Errorf("export-to-dir: %w", err)
+		}
+		logger.Infof("exported: %s", toDir)
+		return nil
+	}
 	dataDir, cfg, err := store.dataDir(cmd.Context(), ref)
 	if err != nil {
 		return fmt.Errorf("export: %w", err)

@@ -25,26 +25,36 @@ func (a *app) vmClone(cmd *cobra.Command, args []string) error {
 	ctx := cmd.Context()
 	begun := time.Now()
 	logger := a.log.with("cmd.vm.clone")
-	snapRef := args[0]
-	store, err := newSnapshotStore(a.conf)
+	fromDir, snapRef, err := snapshotSource(cmd, args)
 	if err != nil {
 		return err
 	}
-	info, err := store.inspect(ctx, snapRef)
-	if err != nil {
-		return fmt.Errorf("inspect snapshot %s: %w", snapRef, err)
+	var (
+		dataDir, source string
+		snap            *cocoon.SnapshotConfig
+	)
+	if fromDir != "" {
+		// The directory is only read: concurrent clones of it are safe, and it stays the caller's.
+		if snap, err = readSnapshotEnvelope(fromDir); err != nil {
+			return fmt.Errorf("load envelope: %w", err)
+		}
+		if err := verifyFromDirCOW(fromDir, snap); err != nil {
+			return err
+		}
+		dataDir, source = fromDir, "dir "+fromDir
+	} else {
+		if dataDir, snap, err = a.snapshotSourceDir(ctx, snapRef); err != nil {
+			return err
+		}
+		source = "snapshot " + snapRef + " (direct)"
 	}
 	kind := kindCH
-	if info.Hypervisor == cocoon.HypervisorFirecracker {
+	if snap.Hypervisor == cocoon.HypervisorFirecracker {
 		kind = kindFC
 	}
 	b, err := newBackend(a.conf, a.log, kind)
 	if err != nil {
 		return fmt.Errorf("init hypervisor: %w", err)
-	}
-	dataDir, snap, err := store.dataDir(ctx, snapRef)
-	if err != nil {
-		return fmt.Errorf("open snapshot %s: %w", snapRef, err)
 	}
 	plan, err := a.prepareClone(cmd, snap, kind)
 	if err != nil {
@@ -52,7 +62,7 @@ func (a *app) vmClone(cmd *cobra.Command, args []string) error {
 	}
 	jsonOut := wantJSON(cmd)
 	if !jsonOut {
-		logger.Infof("cloning VM from snapshot %s (direct) ...", snapRef)
+		logger.Infof("cloning VM from %s ...", source)
 	}
 	vm, err := b.directClone(ctx, plan.vmID, plan.spec, plan.nets, snap, dataDir)
 	if err != nil {
@@ -70,6 +80,49 @@ func (a *app) vmClone(cmd *cobra.Command, args []string) error {
 	logger.Infof("VM cloned: %s (name: %s)", vm.ID, vm.Config.Name)
 	printPostCloneHints(cmd.OutOrStdout(), vm, plan.nets)
 	return nil
+}
+
+// snapshotSource is a clone's or restore's source: --from-dir, or the positional SNAPSHOT after
+// the command's own arguments (cmd/vm/run.go snapshotSource). A release without --from-dir reads
+// it as empty.
+func snapshotSource(cmd *cobra.Command, args []string) (fromDir, snapRef string, err error) {
+	fromDir, _ = cmd.Flags().GetString("from-dir")
+	switch {
+	case fromDir != "" && len(args) > 0:
+		return "", "", errors.New("--from-dir and positional SNAPSHOT are mutually exclusive")
+	case fromDir == "" && len(args) == 0:
+		return "", "", errors.New("snapshot is required (or use --from-dir)")
+	case fromDir != "":
+		return fromDir, "", nil
+	}
+	return "", args[0], nil
+}
+
+// snapshotSourceDir finds a snapshot of the local store and its data directory.
+func (a *app) snapshotSourceDir(ctx context.Context, snapRef string) (string, *cocoon.SnapshotConfig, error) {
+	store, err := newSnapshotStore(a.conf)
+	if err != nil {
+		return "", nil, err
+	}
+	if _, err := store.inspect(ctx, snapRef); err != nil {
+		return "", nil, fmt.Errorf("inspect snapshot %s: %w", snapRef, err)
+	}
+	dataDir, snap, err := store.dataDir(ctx, snapRef)
+	if err != nil {
+		return "", nil, fmt.Errorf("open snapshot %s: %w", snapRef, err)
+	}
+	return dataDir, snap, nil
+}
+
+// verifyFromDirCOW refuses a directory whose COW disk is not the size the envelope records: what
+// a tar extracted without cocoon's sparse records leaves (cmd/vm/run.go verifyFromDirCOW).
+func verifyFromDirCOW(dir string, snap *cocoon.SnapshotConfig) error {
+	st, err := os.Stat(filepath.Join(dir, cowRawFile))
+	if err != nil || snap.Storage <= 0 || st.Size() == snap.Storage {
+		return nil
+	}
+	return fmt.Errorf("%s in %s is %d bytes but the envelope records %d: use `snapshot export --to-dir`, or `snapshot import` the exported tar — "+
+		"a third-party tar drops cocoon's sparse records and rebuilds a short, shifted disk", cowRawFile, dir, st.Size(), snap.Storage)
 }
 
 // CloneGateEnv names a file: while it exists, a clone waits with its "creating" placeholder in the

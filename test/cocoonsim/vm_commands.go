@@ -19,6 +19,9 @@ func (a *app) vmCommand() *cobra.Command {
 	addOutputFlag(runCmd)
 
 	cloneCmd := &cobra.Command{Use: "clone [flags] SNAPSHOT", Short: "Clone a new VM from a snapshot", Args: cobra.ExactArgs(1), RunE: a.vmClone}
+	if a.profile.SnapshotDirs {
+		cloneCmd = &cobra.Command{Use: "clone [flags] [SNAPSHOT]", Short: "Clone a new VM from a snapshot (or a directory via --from-dir)", Args: cobra.MaximumNArgs(1), RunE: a.vmClone}
+	}
 	addCloneFlags(cloneCmd, a.profile)
 	addOutputFlag(cloneCmd)
 
@@ -126,4 +129,7 @@ func addCloneFlags(cmd *cobra.Command, p release.Profile) {
 		f.Bool("on-demand", false, "use UFFD on-demand memory loading for faster clone (CH only; snapshot file must remain on disk)")
 	}
 	f.Bool("pull", false, "auto-pull base image if not found locally (for cross-node clone)")
+	if p.SnapshotDirs {
+		f.String("from-dir", "", "clone from a snapshot directory (must contain snapshot.json) instead of the local snapshot DB; mutually exclusive with positional SNAPSHOT")
+	}
 }

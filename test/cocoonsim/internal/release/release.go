@@ -46,6 +46,10 @@ type Profile struct {
 	// --restore-mode, --force; a running, stopped or error VM) and simulated (v0.5). v0.3.8's
 	// vm restore has other flags and is not simulated; it has no vm hibernate.
 	Hibernate bool
+	// SnapshotDirs: snapshot export takes --to-dir (the snapshot's files and snapshot.json, written
+	// last, in a directory) and vm clone takes --from-dir, which clones such a directory without
+	// importing it (v0.3.9 on, so v0.5).
+	SnapshotDirs bool
 	// LockRetry is how often a command retries a database flock another holds
 	// (lock/flock/flock.go): 100 ms in v0.3.8 and until April 2026, 2 ms in the v0.5 sources.
 	LockRetry time.Duration
@@ -53,7 +57,7 @@ type Profile struct {
 
 var profiles = map[string]Profile{
 	"0.3.8": {Version: "v0.3.8", CloneResizes: true, LockRetry: 100 * time.Millisecond},
-	"0.5.1": {Version: "v0.5.1", RestoreMode: true, Agent: true, ListJSONReconciled: true, StatusOnce: true, VhostUserFs: true, CidataV05: true, Hibernate: true, LockRetry: 2 * time.Millisecond},
+	"0.5.1": {Version: "v0.5.1", RestoreMode: true, Agent: true, ListJSONReconciled: true, StatusOnce: true, VhostUserFs: true, CidataV05: true, Hibernate: true, SnapshotDirs: true, LockRetry: 2 * time.Millisecond},
 }
 
 // Current is the profile Env names.
