@@ -156,13 +156,7 @@ func (s *Service) runImport(ctx context.Context, img *store.Image, r io.Reader) 
 		if err != nil {
 			return err
 		}
-		img.Snapshot = &store.SnapshotInfo{
-			CPU: snap.CPU, Memory: snap.Memory, Storage: snap.Storage, NICs: snap.NICs,
-			Hypervisor: snap.Hypervisor, ImageType: snap.ImageType, Windows: snap.Windows, BaseImage: snap.Image, BaseDigest: snap.ImageDigest,
-		}
-		if img.Snapshot.Hypervisor == "" {
-			img.Snapshot.Hypervisor = cocoon.HypervisorCloudHypervisor
-		}
+		img.Snapshot = snapshotInfo(snap.SnapshotConfig)
 		return nil
 	}
 	_, err := s.cocoon.ImageImport(ctx, r, img.LocalName)
@@ -188,8 +182,12 @@ func (s *Service) commit(img *store.Image, refs ...string) (*store.Image, error)
 			}
 		}
 		rec, ok := tx.Get(img.ID)
-		if !ok {
+		switch {
+		case !ok:
 			rec = img
+		case img.FromDir && rec.FromDir:
+			// The same snapshot directory found at another path: the latest is the one to clone.
+			rec.LocalName = img.LocalName
 		}
 		rec.Removed = false
 		for _, ref := range refs {

@@ -230,8 +230,11 @@ func (s *Service) sweepOne(ctx context.Context, id string) error {
 	if err != nil || !img.Removed || s.InUse(img.LocalName) {
 		return nil
 	}
-	if err := s.deleteArtifact(ctx, img.Kind, img.LocalName); err != nil {
-		return err
+	// A snapshot directory is its owner's: only the record goes.
+	if !img.FromDir {
+		if err := s.deleteArtifact(ctx, img.Kind, img.LocalName); err != nil {
+			return err
+		}
 	}
 	if err := s.store.Images.Delete(img.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
 		return fmt.Errorf("delete image record %s: %w", img.ID, err)

@@ -64,7 +64,8 @@ func (s *Runtime) removeCutShortCheckpoints(ctx context.Context) {
 		path := filepath.Join(s.cfg.CheckpointJournal, e.Name())
 		var entry journalEntry
 		if data, err := os.ReadFile(path); err == nil && json.Unmarshal(data, &entry) == nil && entry.Archive != "" {
-			if err := os.Remove(entry.Archive); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			// An archive, or the directory a pod checkpoint's container is exported into.
+			if err := os.RemoveAll(entry.Archive); err != nil {
 				s.log.Warn("cannot remove the partial archive of an interrupted checkpoint", "archive", entry.Archive, "err", err)
 				continue
 			}

@@ -95,16 +95,28 @@ func TestCheckpointContainerWritesOneArchive(t *testing.T) {
 }
 
 // TestRestartRemovesWhatACheckpointLeft plays a crash in the middle of a checkpoint: its journal
-// note, its temporary archive and its snapshot are there at the next start, which removes them.
+// note, its temporary archive (or the directory a pod checkpoint's container was being exported
+// into) and its snapshot are there at the next start, which removes them.
 func TestRestartRemovesWhatACheckpointLeft(t *testing.T) {
 	s, fc := checkpointServer(t)
 	fc.putSnapshot(cocoon.SnapshotConfig{Name: checkpointSnapshotPrefix + "c1-0000", Hypervisor: cocoon.HypervisorCloudHypervisor})
+	fc.putSnapshot(cocoon.SnapshotConfig{Name: checkpointSnapshotPrefix + "c1-0001", Hypervisor: cocoon.HypervisorCloudHypervisor})
 	dir := t.TempDir()
 	partial := filepath.Join(dir, ".c1.tar."+checkpointSnapshotPrefix+"c1-0000.partial")
 	if _, err := s.noteCheckpoint(checkpointSnapshotPrefix+"c1-0000", partial); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(partial, []byte("half an archive"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	partialDir := filepath.Join(dir, ".c1."+checkpointSnapshotPrefix+"c1-0001.partial")
+	if _, err := s.noteCheckpoint(checkpointSnapshotPrefix+"c1-0001", partialDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(partialDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(partialDir, "memory-ranges"), []byte("half the memory"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	keep := filepath.Join(dir, "other.tar")
@@ -115,8 +127,8 @@ func TestRestartRemovesWhatACheckpointLeft(t *testing.T) {
 	if entries, _ := os.ReadDir(dir); len(entries) != 1 || entries[0].Name() != "other.tar" {
 		t.Errorf("after the restart the directory holds %v", entries)
 	}
-	if calls := snapshotCalls(fc); len(calls) != 1 || calls[0] != "SnapshotRemove "+checkpointSnapshotPrefix+"c1-0000" {
-		t.Errorf("cocoon calls %q, want the checkpoint's snapshot removed", calls)
+	if calls := snapshotCalls(fc); !slices.Equal(calls, []string{"SnapshotRemove " + checkpointSnapshotPrefix + "c1-0000", "SnapshotRemove " + checkpointSnapshotPrefix + "c1-0001"}) {
+		t.Errorf("cocoon calls %q, want the checkpoints' snapshots removed", calls)
 	}
 	if left := fc.snapshotNames(); len(left) != 0 {
 		t.Errorf("snapshots left in cocoon: %q", left)

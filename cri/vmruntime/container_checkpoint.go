@@ -145,25 +145,9 @@ func (s *Runtime) writeCheckpoint(ctx context.Context, sb *store.Sandbox, c *sto
 
 // saveInto snapshots c's VM under name and writes the checkpoint archive to f.
 func (s *Runtime) saveInto(ctx context.Context, sb *store.Sandbox, c *store.Container, f *os.File, name string) (int64, error) {
-	if err := ctx.Err(); err != nil {
-		return 0, err
-	}
-	// The guest is paused inside the save, and cocoon resumes it at its end: a save killed at the
-	// caller's deadline would leave the VM frozen. So the save runs to its end, bounded only by
-	// the caller's deadline or the default, whichever is later, and a deadline that passed
-	// meanwhile fails the call after.
-	bound := DefaultCheckpointTimeout
-	if deadline, ok := ctx.Deadline(); ok {
-		bound = max(bound, time.Until(deadline))
-	}
-	saveCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bound)
-	defer cancel()
-	snap, err := s.cocoon.SnapshotSave(saveCtx, c.VM.ID, name, "cocoon-cri checkpoint of container "+c.ID)
+	snap, err := s.saveVM(ctx, c, name)
 	if err != nil {
-		return 0, fmt.Errorf("save VM %s: %w", c.VM.ID, err)
-	}
-	if err := ctx.Err(); err != nil {
-		return 0, fmt.Errorf("saved VM %s after the deadline: %w", c.VM.ID, err)
+		return 0, err
 	}
 	md := s.checkpointMetadata(ctx, sb, c, snap)
 	if err := checkpoint.Write(f, md, func(w io.Writer) error { return s.cocoon.SnapshotExport(ctx, name, w) }); err != nil {
@@ -177,6 +161,31 @@ func (s *Runtime) saveInto(ctx context.Context, sb *store.Sandbox, c *store.Cont
 		return 0, err
 	}
 	return info.Size(), nil
+}
+
+// saveVM snapshots c's VM under name for a checkpoint.
+func (s *Runtime) saveVM(ctx context.Context, c *store.Container, name string) (*cocoon.Snapshot, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	// The guest is paused inside the save, and cocoon resumes it at its end: a save killed at the
+	// caller's deadline would leave the VM frozen. So the save runs to its end, bounded only by
+	// the caller's deadline or the default, whichever is later, and a deadline that passed
+	// meanwhile fails the call after.
+	bound := DefaultCheckpointTimeout
+	if deadline, ok := ctx.Deadline(); ok {
+		bound = max(bound, time.Until(deadline))
+	}
+	saveCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bound)
+	defer cancel()
+	snap, err := s.cocoon.SnapshotSave(saveCtx, c.VM.ID, name, "cocoon-cri checkpoint of container "+c.ID)
+	if err != nil {
+		return nil, fmt.Errorf("save VM %s: %w", c.VM.ID, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("saved VM %s after the deadline: %w", c.VM.ID, err)
+	}
+	return snap, nil
 }
 
 // snapshotName names a snapshot cocoon-cri makes of a container's VM: its kind's prefix, the

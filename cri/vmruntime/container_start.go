@@ -122,11 +122,7 @@ func (s *Runtime) launchVM(ctx context.Context, sb *store.Sandbox, c *store.Cont
 func (s *Runtime) makeVM(ctx context.Context, cc Cocoon, c *store.Container) (*cocoon.VM, error) {
 	spec := c.VM
 	if spec.Mode == store.VMClone {
-		opts := cocoon.CloneOptions{
-			Name: spec.Name, Storage: spec.Storage, NICs: spec.NICs, Network: tapmanager.CocoonNetwork,
-			NoDirectIO: spec.NoDirectIO, OnDemand: spec.OnDemand, Pull: spec.PullBase,
-			CPU: spec.CPU, Memory: spec.Memory,
-		}
+		opts := cloneOptions(spec)
 		if spec.ForkOf != "" {
 			save, release, err := s.saveForkSource(ctx, spec.ForkOf)
 			if err != nil {
@@ -137,10 +133,6 @@ func (s *Runtime) makeVM(ctx context.Context, cc Cocoon, c *store.Container) (*c
 				return nil, fmt.Errorf("record the fork's save: %w", err)
 			}
 			spec.Source, opts.CopyMemory = save.snapshot, true
-		}
-		if spec.Backend == cocoon.HypervisorFirecracker {
-			// cocoon refuses any size on a Firecracker clone, even the snapshot's own.
-			opts.CPU, opts.Memory, opts.Storage = 0, 0, 0
 		}
 		return cc.VMClone(ctx, spec.Source, opts)
 	}
@@ -161,6 +153,21 @@ func (s *Runtime) makeVM(ctx context.Context, cc Cocoon, c *store.Container) (*c
 		return nil, err
 	}
 	return cc.VMInspect(ctx, created.ID)
+}
+
+// cloneOptions are the flags of a clone of spec, a container's VM or a warm pool's, on the
+// sandbox's network (tapmanager.CocoonNetwork, whose attach plugin hands the pod interface over).
+func cloneOptions(spec store.VM) cocoon.CloneOptions {
+	opts := cocoon.CloneOptions{
+		Name: spec.Name, Storage: spec.Storage, NICs: spec.NICs, Network: tapmanager.CocoonNetwork,
+		NoDirectIO: spec.NoDirectIO, OnDemand: spec.OnDemand, Pull: spec.PullBase, FromDir: spec.FromDir,
+		CPU: spec.CPU, Memory: spec.Memory,
+	}
+	if spec.Backend == cocoon.HypervisorFirecracker {
+		// cocoon refuses any size on a Firecracker clone, even the snapshot's own.
+		opts.CPU, opts.Memory, opts.Storage = 0, 0, 0
+	}
+	return opts
 }
 
 // launched is what StartContainer records of a VM that runs.

@@ -58,6 +58,7 @@ type Cocoon interface {
 	SnapshotInspect(ctx context.Context, ref string) (*cocoon.Snapshot, error)
 	SnapshotList(ctx context.Context) ([]cocoon.Snapshot, error)
 	SnapshotExport(ctx context.Context, ref string, w io.Writer) error
+	SnapshotExportToDir(ctx context.Context, ref, dir string) error
 	SnapshotRemove(ctx context.Context, ref string) error
 }
 

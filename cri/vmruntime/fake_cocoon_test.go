@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -106,7 +108,7 @@ type fakeSnapshot struct {
 var (
 	capsV038 = cocoon.Capabilities{Version: "v0.3.8", CloneResize: true, CloneOnDemand: true}
 	capsV05  = cocoon.Capabilities{Version: "v0.5.1", Exec: true, CloneRestoreMode: true, ReseedMachineID: true,
-		DiskAttach: true, DeviceAttach: true, FsAttach: true, Hibernate: true, RestoreMode: true}
+		DiskAttach: true, DeviceAttach: true, FsAttach: true, Hibernate: true, RestoreMode: true, SnapshotDirs: true}
 )
 
 // fakeDeadPIDs numbers the hypervisors of the fake's VMs by default: above any pid_max (at most
@@ -443,6 +445,13 @@ func (f *fakeCocoon) VMClone(_ context.Context, snapshot string, o cocoon.CloneO
 		return nil, fmt.Errorf("clone %s: a VM name is required: %w", snapshot, cocoon.ErrInvalid)
 	}
 	snap := f.snapshotByRef(snapshot)
+	if o.FromDir {
+		args = []string{"vm", "clone", "--name", o.Name, "--from-dir", snapshot}
+		var err error
+		if snap, err = readFakeSnapshotDir(snapshot); err != nil {
+			return nil, cocoonErr(nil, "load envelope: "+err.Error(), args...)
+		}
+	}
 	if snap == nil {
 		return nil, cocoonErr(cocoon.ErrNotFound, fmt.Sprintf("snapshot %s: snapshot not found", snapshot), args...)
 	}
@@ -889,6 +898,64 @@ func (f *fakeCocoon) SnapshotExport(_ context.Context, ref string, w io.Writer) 
 	}
 	_, err = w.Write(archive)
 	return err
+}
+
+// SnapshotExportToDir writes the snapshot's files into dir, snapshot.json last, as cocoon's
+// export --to-dir does; a failure leaves what it had written, as cocoon's does.
+func (f *fakeCocoon) SnapshotExportToDir(_ context.Context, ref, dir string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	args := []string{"snapshot", "export", "--to-dir", dir, ref}
+	injected := f.call("SnapshotExportToDir", ref, dir)
+	snap := f.snapshotByRef(ref)
+	if snap == nil {
+		return cocoonErr(cocoon.ErrNotFound, "export-to-dir: snapshot not found", args...)
+	}
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return cocoonErr(nil, "export-to-dir: "+err.Error(), args...)
+	}
+	if entries, err := os.ReadDir(dir); err != nil || len(entries) > 0 {
+		return cocoonErr(nil, fmt.Sprintf("export-to-dir: target dir %s is not empty", dir), args...)
+	}
+	var envelope []byte
+	tr := tar.NewReader(bytes.NewReader(snap.archive))
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		body, readErr := io.ReadAll(tr)
+		if err = cmp.Or(err, readErr); err != nil {
+			return err
+		}
+		if hdr.Name == "snapshot.json" {
+			envelope = body
+			continue
+		}
+		if err := os.WriteFile(filepath.Join(dir, hdr.Name), body, 0o640); err != nil {
+			return cocoonErr(nil, "export-to-dir: "+err.Error(), args...)
+		}
+		if injected != nil {
+			return injected
+		}
+	}
+	if injected != nil {
+		return injected
+	}
+	return os.WriteFile(filepath.Join(dir, "snapshot.json"), envelope, 0o644)
+}
+
+// readFakeSnapshotDir reads a snapshot directory's snapshot.json as vm clone --from-dir does.
+func readFakeSnapshotDir(dir string) (*fakeSnapshot, error) {
+	data, err := os.ReadFile(filepath.Join(dir, "snapshot.json"))
+	if err != nil {
+		return nil, fmt.Errorf("snapshot.json missing in %s: snapshot envelope missing", dir)
+	}
+	var envelope cocoon.SnapshotExport
+	if err := json.Unmarshal(data, &envelope); err != nil || envelope.Version != cocoon.SnapshotExportVersion {
+		return nil, fmt.Errorf("decode %s: not a snapshot envelope", filepath.Join(dir, "snapshot.json"))
+	}
+	return &fakeSnapshot{Snapshot: cocoon.Snapshot{SnapshotConfig: envelope.Config}}, nil
 }
 
 func (f *fakeCocoon) SnapshotRemove(_ context.Context, ref string) error {

@@ -26,7 +26,7 @@ func (s *Runtime) ImageStatus(_ context.Context, req *runtimeapi.ImageStatusRequ
 	}
 	resp := &runtimeapi.ImageStatusResponse{Image: criImage(img)}
 	if req.GetVerbose() {
-		if resp.Info, err = verboseInfo(imageInfo{Kind: img.Kind, LocalName: img.LocalName, Snapshot: img.Snapshot}); err != nil {
+		if resp.Info, err = verboseInfo(imageInfo{Kind: img.Kind, LocalName: img.LocalName, FromDir: img.FromDir, Snapshot: img.Snapshot}); err != nil {
 			return nil, err
 		}
 	}
@@ -35,7 +35,9 @@ func (s *Runtime) ImageStatus(_ context.Context, req *runtimeapi.ImageStatusRequ
 
 // imageInfo is the verbose status: what the image is in cocoon.
 type imageInfo struct {
-	Kind      store.ImageKind     `json:"kind"`
-	LocalName string              `json:"localName"`
-	Snapshot  *store.SnapshotInfo `json:"snapshot,omitempty"`
+	Kind      store.ImageKind `json:"kind"`
+	LocalName string          `json:"localName"`
+	// FromDir: LocalName is a snapshot directory outside cocoon (a pod checkpoint's container).
+	FromDir  bool                `json:"fromDir,omitempty"`
+	Snapshot *store.SnapshotInfo `json:"snapshot,omitempty"`
 }

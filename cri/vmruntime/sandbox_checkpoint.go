@@ -17,8 +17,10 @@ import (
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
 )
 
-// podCheckpointFile describes a pod checkpoint directory: the pod, and one container archive per
-// container (<container ID>.tar), each a checkpoint archive as CheckpointContainer writes it.
+// podCheckpointFile describes a pod checkpoint directory: the pod, and each of its containers as
+// a snapshot directory (<container ID>/, cocoon's snapshot export --to-dir) with its checkpoint
+// metadata, where cocoon can write and clone those (Capabilities.SnapshotDirs), and as a checkpoint
+// archive (<container ID>.tar, as CheckpointContainer writes it) elsewhere.
 const podCheckpointFile = "pod.json"
 
 // podCheckpoint is podCheckpointFile.
@@ -33,7 +35,11 @@ type podCheckpoint struct {
 type podCheckpointMember struct {
 	Name string `json:"name"`
 	// Archive is the container's checkpoint archive, a file name in the directory.
-	Archive string `json:"archive"`
+	Archive string `json:"archive,omitempty"`
+	// Snapshot is the container's snapshot directory, a directory name in the directory, and
+	// Metadata what an archive's first entry would say of it.
+	Snapshot string               `json:"snapshot,omitempty"`
+	Metadata *checkpoint.Metadata `json:"metadata,omitempty"`
 }
 
 // CheckpointPod checkpoints a running VM pod into output_path: pod.json and one archive per
@@ -137,10 +143,14 @@ func (s *Runtime) writePodCheckpoint(ctx context.Context, sb *store.Sandbox, mem
 	defer func() {
 		if err != nil {
 			for _, path := range written {
-				_ = os.Remove(path)
+				_ = os.RemoveAll(path)
 			}
 		}
 	}()
+	caps, err := s.cocoon.Capabilities(ctx)
+	if err != nil {
+		return fmt.Errorf("learn how this cocoon exports a snapshot: %w", err)
+	}
 	pc := podCheckpoint{
 		Version: checkpoint.FormatVersion, CreatedAt: s.nowFunc().UTC(), RuntimeHandler: sb.RuntimeHandler,
 		Pod: checkpoint.Pod{
@@ -155,6 +165,16 @@ func (s *Runtime) writePodCheckpoint(ctx context.Context, sb *store.Sandbox, mem
 		// The kubelet matches containers by their metadata name (c.Name is cocoon-cri's longer one).
 		name := c.Config.Msg.GetMetadata().GetName()
 		// Named by ID: a metadata name from a direct CRI caller need not be a safe file name.
+		if caps.SnapshotDirs {
+			path := filepath.Join(dir, c.ID)
+			md, err := s.writeCheckpointDir(ctx, sb, c, path)
+			if err != nil {
+				return fmt.Errorf("container %s: %w", c.ID, err)
+			}
+			written = append(written, path)
+			pc.Containers = append(pc.Containers, podCheckpointMember{Name: name, Snapshot: c.ID, Metadata: md})
+			continue
+		}
 		archive := c.ID + ".tar"
 		path := filepath.Join(dir, archive)
 		if _, err := s.writeCheckpoint(ctx, sb, c, path); err != nil {

@@ -2,7 +2,10 @@ package vmruntime
 
 import (
 	"bufio"
+	"cmp"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,23 +19,31 @@ import (
 
 	"github.com/cocoonstack/cocoon-cri/imagestore"
 	"github.com/cocoonstack/cocoon-cri/pkg/checkpoint"
+	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 )
 
 // checkpointRepository is the image repository a restored container's checkpoint is recorded
 // under, tagged with the archive's digest.
 const checkpointRepository = "cocoon-cri.local/checkpoint"
 
-// restoreMember is one container of a pod checkpoint, checked against the request.
+// restoreMember is one container of a pod checkpoint, checked against the request: its archive,
+// or its snapshot directory with that directory's snapshot.json.
 type restoreMember struct {
-	config  *runtimeapi.ContainerConfig
-	archive string
-	meta    *checkpoint.Metadata
+	config   *runtimeapi.ContainerConfig
+	archive  string
+	snapshot string
+	// envelope is the directory's snapshot.json, as read and as decoded.
+	envelope    []byte
+	snapshotCfg cocoon.SnapshotConfig
+	meta        *checkpoint.Metadata
 }
 
 // RestorePod makes a new pod from a pod checkpoint directory: a new sandbox (its own network
 // namespace, IP and MAC), and one container per checkpointed container, CREATED, whose image is
-// the container's checkpoint, imported while the sandbox is made. StartContainer clones it, which resumes the saved machine under the
-// new pod's identity. The checkpoint directory is only read. On error nothing of the call is left.
+// the container's checkpoint, made while the sandbox is: its snapshot directory recorded as it
+// is, or its archive imported into cocoon. StartContainer clones it, which resumes the saved
+// machine under the new pod's identity. The checkpoint directory is only read. On error nothing of
+// the call is left.
 func (s *Runtime) RestorePod(ctx context.Context, req *runtimeapi.RestorePodRequest) (*runtimeapi.RestorePodResponse, error) {
 	if req.GetConfig() == nil {
 		return nil, invalid("pod sandbox config is required")
@@ -49,13 +60,16 @@ func (s *Runtime) RestorePod(ctx context.Context, req *runtimeapi.RestorePodRequ
 	if err != nil {
 		return nil, err
 	}
+	if err := s.checkCanCloneDirs(ctx, members); err != nil {
+		return nil, err
+	}
 	start := time.Now()
-	// The archives' import and the new sandbox do not wait on each other: they are made at once.
+	// The checkpoint's images and the new sandbox do not wait on each other: they are made at once.
 	refs := make([]string, len(members))
 	imported := make(chan error, 1)
 	go func() {
 		for i, m := range members {
-			ref, err := s.importCheckpoint(ctx, m.archive)
+			ref, err := s.checkpointImage(ctx, m)
 			if err != nil {
 				imported <- fmt.Errorf("restore container %s: %w", m.config.GetMetadata().GetName(), err)
 				return
@@ -127,14 +141,11 @@ func readPodCheckpoint(dir string, configs []*runtimeapi.ContainerConfig) ([]res
 			return nil, invalid("container %q is not in the checkpoint, which holds %v", name, names)
 		}
 		seen[name] = true
-		archive := pc.Containers[i].Archive
-		if archive != filepath.Base(archive) || archive == "." || archive == ".." {
-			return nil, invalid("%s names archive %q outside its directory", podCheckpointFile, archive)
-		}
-		m := restoreMember{config: cfg, archive: filepath.Join(dir, archive)}
-		if m.meta, err = readArchiveMetadata(m.archive); err != nil {
+		m, err := readPodCheckpointMember(dir, pc.Containers[i])
+		if err != nil {
 			return nil, err
 		}
+		m.config = cfg
 		if img := cfg.GetImage().GetImage(); img != "" && !sameImage(img, m.meta.Container) {
 			return nil, invalid("container %q is configured with image %s, but the checkpoint ran %s", name, img, m.meta.Container.Image)
 		}
@@ -144,6 +155,59 @@ func readPodCheckpoint(dir string, configs []*runtimeapi.ContainerConfig) ([]res
 		return nil, invalid("container_configs name %d of the checkpoint's %d containers %v: configure them all", len(members), len(pc.Containers), names)
 	}
 	return members, nil
+}
+
+// readPodCheckpointMember reads what a pod checkpoint holds of one container: its archive, or its
+// snapshot directory and the metadata pod.json gives it.
+func readPodCheckpointMember(dir string, pm podCheckpointMember) (restoreMember, error) {
+	var m restoreMember
+	entry := cmp.Or(pm.Archive, pm.Snapshot)
+	switch {
+	case (pm.Archive == "") == (pm.Snapshot == ""):
+		return m, invalid("%s: container %q must name an archive or a snapshot directory", podCheckpointFile, pm.Name)
+	case entry != filepath.Base(entry) || entry == "." || entry == "..":
+		return m, invalid("%s names %q outside its directory", podCheckpointFile, entry)
+	case pm.Archive != "":
+		m.archive = filepath.Join(dir, pm.Archive)
+		md, err := readArchiveMetadata(m.archive)
+		m.meta = md
+		return m, err
+	case pm.Metadata == nil || pm.Metadata.Version != checkpoint.FormatVersion:
+		return m, invalid("%s: container %q has no checkpoint metadata of version %d", podCheckpointFile, pm.Name, checkpoint.FormatVersion)
+	}
+	m.snapshot, m.meta = filepath.Join(dir, pm.Snapshot), pm.Metadata
+	data, err := os.ReadFile(filepath.Join(m.snapshot, snapshotEnvelopeFile))
+	if err != nil {
+		return m, invalid("%s is not a snapshot directory: %v", m.snapshot, err)
+	}
+	var envelope cocoon.SnapshotExport
+	if err := json.Unmarshal(data, &envelope); err != nil || envelope.Version != cocoon.SnapshotExportVersion {
+		return m, invalid("%s is not a snapshot directory: its %s is not a snapshot envelope of version %d", m.snapshot, snapshotEnvelopeFile, cocoon.SnapshotExportVersion)
+	}
+	if hv := cmp.Or(envelope.Config.Hypervisor, cocoon.HypervisorCloudHypervisor); hv != m.meta.Hypervisor {
+		return m, invalid("%s holds a snapshot taken under %s, but the checkpoint's metadata says %s", m.snapshot, hv, m.meta.Hypervisor)
+	}
+	m.envelope, m.snapshotCfg = data, envelope.Config
+	return m, nil
+}
+
+// snapshotEnvelopeFile describes a snapshot directory: cocoon's snapshot.json, written last.
+const snapshotEnvelopeFile = "snapshot.json"
+
+// checkCanCloneDirs refuses a checkpoint of snapshot directories where cocoon cannot clone one.
+func (s *Runtime) checkCanCloneDirs(ctx context.Context, members []restoreMember) error {
+	if !slices.ContainsFunc(members, func(m restoreMember) bool { return m.snapshot != "" }) {
+		return nil
+	}
+	caps, err := s.cocoon.Capabilities(ctx)
+	if err != nil {
+		return fmt.Errorf("learn whether this cocoon clones snapshot directories: %w", err)
+	}
+	if !caps.SnapshotDirs {
+		return precondition("the checkpoint holds its containers as snapshot directories, which cocoon %s cannot clone "+
+			"(vm clone --from-dir came with v0.3.9): restore it on a node with a newer cocoon", caps.Version)
+	}
+	return nil
 }
 
 // sameImage reports whether a restore's image names the image the checkpointed container ran: its
@@ -174,6 +238,27 @@ func readArchiveMetadata(path string) (*checkpoint.Metadata, error) {
 		return nil, invalid("%s is not a cocoon-cri checkpoint archive", path)
 	}
 	return md, nil
+}
+
+// checkpointImage makes a container's checkpoint an image and returns its reference: its snapshot
+// directory recorded in place, or its archive imported into cocoon, once per content.
+func (s *Runtime) checkpointImage(ctx context.Context, m restoreMember) (string, error) {
+	if m.snapshot == "" {
+		return s.importCheckpoint(ctx, m.archive)
+	}
+	// The directory's gigabytes are not read: the image is named by what describes them, the
+	// checkpoint's metadata (its container, its time) and cocoon's envelope (its snapshot's ID).
+	meta, err := json.Marshal(m.meta)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(append(append(meta, '\n'), m.envelope...))
+	id := "sha256:" + hex.EncodeToString(sum[:])
+	ref := checkpointRepository + ":sha256-" + id[len("sha256:"):]
+	if _, err := s.images.RegisterSnapshotDir(ctx, ref, id, m.snapshot, m.snapshotCfg); err != nil {
+		return "", fmt.Errorf("record %s: %w", m.snapshot, err)
+	}
+	return ref, nil
 }
 
 // importCheckpoint brings a container's checkpoint archive in as an image, once per content, and

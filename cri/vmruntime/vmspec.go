@@ -79,8 +79,10 @@ func (s *Runtime) planVM(id string, cfg *runtimeapi.ContainerConfig, sb *store.S
 			vm.CPU, vm.Memory = max(vm.CPU, cpus), max(vm.Memory, memory)
 		}
 		// Firecracker maps a clone's memory from its own hard link of the snapshot's: the snapshot
-		// may go.
-		vm.OnDemand = !firecracker
+		// may go. A snapshot directory is its owner's: its clone takes the memory in cocoon's
+		// default way (a private map of its own link to the file) rather than reading it lazily.
+		vm.OnDemand = !firecracker && !img.FromDir
+		vm.FromDir = img.FromDir
 		switch {
 		case cloneResizes:
 			vm.Storage = max(vm.Storage, sb.VM.Storage)

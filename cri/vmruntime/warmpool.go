@@ -22,7 +22,6 @@ import (
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
 	"github.com/cocoonstack/cocoon-cri/pkg/vmstats"
 	"github.com/cocoonstack/cocoon-cri/streaming"
-	"github.com/cocoonstack/cocoon-cri/tapmanager"
 )
 
 // A warm pool keeps VMs of a snapshot image cloned and running, on a placeholder network, in a
@@ -235,10 +234,7 @@ func (s *Runtime) makePoolVM(ctx context.Context, pv *store.PoolVM) error {
 	}
 	spec := pv.Spec
 	cc := s.cocoon.WithNetwork(s.net.CocoonConfDir(netID), s.net.PluginDir(), nil)
-	vm, err := cc.VMClone(ctx, spec.Source, cocoon.CloneOptions{
-		Name: spec.Name, Storage: spec.Storage, NICs: spec.NICs, Network: tapmanager.CocoonNetwork,
-		NoDirectIO: spec.NoDirectIO, OnDemand: spec.OnDemand, Pull: spec.PullBase, CPU: spec.CPU, Memory: spec.Memory,
-	})
+	vm, err := cc.VMClone(ctx, spec.Source, cloneOptions(spec))
 	if err != nil {
 		return fmt.Errorf("clone %s: %w", spec.Source, err)
 	}

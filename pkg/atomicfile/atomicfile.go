@@ -51,6 +51,11 @@ func write(path string, data []byte, perm os.FileMode, sync bool) (err error) {
 	if !sync {
 		return nil
 	}
+	return SyncDir(dir)
+}
+
+// SyncDir syncs a directory's entries: the files made, renamed or removed in it survive a crash.
+func SyncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
 		return fmt.Errorf("sync %s: %w", dir, err)

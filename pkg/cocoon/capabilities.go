@@ -50,6 +50,9 @@ type Capabilities struct {
 	Hibernate bool
 	// RestoreMode: vm restore takes --restore-mode copy|ondemand|mmap.
 	RestoreMode bool
+	// SnapshotDirs: snapshot export takes --to-dir and vm clone --from-dir, which clones a
+	// directory so exported without importing it (v0.3.9 on).
+	SnapshotDirs bool
 }
 
 // Capabilities probes the binary once and caches the answer, shared by every client of that
@@ -216,7 +219,7 @@ func probeHelp(ctx context.Context, c *Client, version string) (Capabilities, er
 	subcommands := [][]string{
 		{"vm", "clone"}, {"vm", "exec"}, {"vm", "reseed"}, {"vm", "disk", "attach"},
 		{"vm", "device", "attach"}, {"vm", "fs", "attach"}, {"vm", "create"}, {"vm", "hibernate"},
-		{"vm", "restore"},
+		{"vm", "restore"}, {"snapshot", "export"},
 	}
 	helps := make([]string, len(subcommands))
 	g, gctx := errgroup.WithContext(ctx)
@@ -233,8 +236,8 @@ func probeHelp(ctx context.Context, c *Client, version string) (Capabilities, er
 	if err := g.Wait(); err != nil {
 		return Capabilities{}, err
 	}
-	clone, exec, reseed, disk, device, fs, create, hibernate, restore :=
-		helps[0], helps[1], helps[2], helps[3], helps[4], helps[5], helps[6], helps[7], helps[8]
+	clone, exec, reseed, disk, device, fs, create, hibernate, restore, export :=
+		helps[0], helps[1], helps[2], helps[3], helps[4], helps[5], helps[6], helps[7], helps[8], helps[9]
 
 	caps := Capabilities{Version: version}
 	caps.CloneResize = hasFlag(clone, "cpu") && hasFlag(clone, "memory") && hasFlag(clone, "storage")
@@ -251,6 +254,7 @@ func probeHelp(ctx context.Context, c *Client, version string) (Capabilities, er
 	caps.Hibernate = strings.Contains(hibernate, "cocoon vm hibernate") && hasFlag(hibernate, "name") &&
 		strings.Contains(restore, "cocoon vm restore")
 	caps.RestoreMode = caps.Hibernate && hasFlag(restore, "restore-mode")
+	caps.SnapshotDirs = hasFlag(clone, "from-dir") && hasFlag(export, "to-dir")
 	return caps, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -47,8 +48,11 @@ const (
 	createHelpV05 = "Create a VM from an image\n\nUsage:\n  cocoon vm create [flags] IMAGE\n\nFlags:\n" +
 		"      --fc                 use Firecracker backend\n      --name string        VM name\n" +
 		"      --shared-memory      enable CH memory shared=on; required to attach vhost-user-fs later\n"
-	hibernateHelp = "Snapshot a running VM and stop it atomically\n\nUsage:\n  cocoon vm hibernate [flags] VM\n\nFlags:\n      --description string   snapshot description\n  -h, --help                 help for hibernate\n      --name string          snapshot name\n"
-	restoreHelp   = "Restore a VM from a snapshot\n\nUsage:\n  cocoon vm restore [flags] VM [SNAPSHOT]\n\nFlags:\n      --force                 accept a foreign snapshot directory\n      --from-dir string       restore from a snapshot directory\n  -h, --help                  help for restore\n      --restore-mode string   memory restore mode: copy, ondemand or mmap (default \"copy\")\n"
+	hibernateHelp  = "Snapshot a running VM and stop it atomically\n\nUsage:\n  cocoon vm hibernate [flags] VM\n\nFlags:\n      --description string   snapshot description\n  -h, --help                 help for hibernate\n      --name string          snapshot name\n"
+	restoreHelp    = "Restore a VM from a snapshot\n\nUsage:\n  cocoon vm restore [flags] VM [SNAPSHOT]\n\nFlags:\n      --force                 accept a foreign snapshot directory\n      --from-dir string       restore from a snapshot directory\n  -h, --help                  help for restore\n      --restore-mode string   memory restore mode: copy, ondemand or mmap (default \"copy\")\n"
+	exportHelpV038 = "Export a snapshot to a portable archive file\n\nUsage:\n  cocoon snapshot export SNAPSHOT [flags]\n\nFlags:\n" +
+		"      --gzip            compress output with gzip\n  -o, --output string   output file path (default: <name-or-id>.tar)\n"
+	exportHelpV05 = exportHelpV038 + "      --to-dir string   export into a directory (must be empty/absent) instead of a tar; pairs with 'vm clone --from-dir'\n"
 	reseedHelp    = "Force a CRNG reseed inside the guest\n\nUsage:\n  cocoon vm reseed VM [flags]\n\nFlags:\n  -h, --help         help for reseed\n      --machine-id   also regenerate /etc/machine-id\n"
 )
 
@@ -70,6 +74,7 @@ func v038Probe() []response {
 		{match: "vm create --help", stdout: createHelpV038},
 		{match: "vm hibernate --help", stdout: vmHelp},
 		{match: "vm restore --help", stdout: restoreHelpV038},
+		{match: "snapshot export --help", stdout: exportHelpV038},
 	}
 }
 
@@ -85,8 +90,13 @@ func v05Probe() []response {
 		{match: "vm create --help", stdout: createHelpV05},
 		{match: "vm hibernate --help", stdout: hibernateHelp},
 		{match: "vm restore --help", stdout: restoreHelp},
+		{match: "snapshot export --help", stdout: exportHelpV05},
 	}
 }
+
+// probedV05 is what v05Probe's answers say.
+var probedV05 = Capabilities{Version: "v0.5.1", Exec: true, CloneRestoreMode: true, ReseedMachineID: true, DiskAttach: true,
+	DeviceAttach: true, FsAttach: true, Hibernate: true, RestoreMode: true, SnapshotDirs: true}
 
 func TestCapabilitiesReadTheBinarysHelp(t *testing.T) {
 	old, _ := fakeCocoon(t, v038Probe()...)
@@ -96,14 +106,13 @@ func TestCapabilitiesReadTheBinarysHelp(t *testing.T) {
 		t.Fatalf("v0.3.8: %+v %v, want %+v", caps, err, want)
 	}
 	current, dir := fakeCocoon(t, v05Probe()...)
-	want = Capabilities{Version: "v0.5.1", Exec: true, CloneRestoreMode: true, ReseedMachineID: true, DiskAttach: true, DeviceAttach: true, FsAttach: true, Hibernate: true, RestoreMode: true}
 	for range 3 {
-		if caps, err = current.Capabilities(context.Background()); err != nil || caps != want {
-			t.Fatalf("v0.5: %+v %v, want %+v", caps, err, want)
+		if caps, err = current.Capabilities(context.Background()); err != nil || caps != probedV05 {
+			t.Fatalf("v0.5: %+v %v, want %+v", caps, err, probedV05)
 		}
 	}
-	if n := len(calls(t, dir)); n != 10 {
-		t.Fatalf("%d calls for three probes, want one probe of ten calls per binary", n)
+	if n := len(calls(t, dir)); n != len(v05Probe()) {
+		t.Fatalf("%d calls for three probes, want one probe (a call per response) per binary", n)
 	}
 }
 
@@ -195,7 +204,7 @@ func TestCapabilitiesWaitNoLongerThanTheCallersContext(t *testing.T) {
 func TestCapabilitiesAreKeptAcrossRestarts(t *testing.T) {
 	c, dir := fakeCocoon(t, v05Probe()...)
 	c.opts.CapabilitiesFile = filepath.Join(t.TempDir(), "state", "cocoon-capabilities.json")
-	v05 := Capabilities{Version: "v0.5.1", Exec: true, CloneRestoreMode: true, ReseedMachineID: true, DiskAttach: true, DeviceAttach: true, FsAttach: true, Hibernate: true, RestoreMode: true}
+	v05, probeCalls := probedV05, len(v05Probe())
 	calledBefore := 0
 	restart := func(what string, want Capabilities, wantCalls int) {
 		t.Helper()
@@ -209,7 +218,7 @@ func TestCapabilitiesAreKeptAcrossRestarts(t *testing.T) {
 		}
 		calledBefore = len(all)
 	}
-	restart("first start", v05, 10)
+	restart("first start", v05, probeCalls)
 	restart("restart", v05, 1)
 
 	// Replaced as a package manager does: a new file renamed over the old one.
@@ -224,7 +233,7 @@ func TestCapabilitiesAreKeptAcrossRestarts(t *testing.T) {
 	if err := os.Rename(bin+".new", bin); err != nil {
 		t.Fatal(err)
 	}
-	restart("replaced binary", v05, 10)
+	restart("replaced binary", v05, probeCalls)
 	restart("restart after the replacement", v05, 1)
 
 	// The binary stays, the version it reports changes (a wrapper's target was upgraded).
@@ -233,11 +242,34 @@ func TestCapabilitiesAreKeptAcrossRestarts(t *testing.T) {
 	}
 	v052 := v05
 	v052.Version = "v0.5.2"
-	restart("another version", v052, 10)
+	restart("another version", v052, probeCalls)
 
 	if err := os.WriteFile(c.opts.CapabilitiesFile, []byte(`{"key": 7`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	restart("damaged file", v052, 10)
+	restart("damaged file", v052, probeCalls)
 	restart("restart after the damaged file", v052, 1)
+}
+
+// A snapshot directory is exported with --to-dir and cloned with --from-dir in place of the
+// positional snapshot.
+func TestSnapshotDirectoryArgs(t *testing.T) {
+	c, dir := fakeCocoon(t, append(v05Probe(),
+		response{match: "snapshot export --to-dir"},
+		response{match: "vm clone", stdout: strings.ReplaceAll(vmJSON, "%PID%", "42")},
+	)...)
+	ctx := context.Background()
+	if err := c.SnapshotExportToDir(ctx, "ckpt", "/checkpoints/c1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.VMClone(ctx, "/checkpoints/c1", CloneOptions{Name: "restored", FromDir: true}); err != nil {
+		t.Fatal(err)
+	}
+	got := slices.DeleteFunc(calls(t, dir), func(c string) bool { return strings.HasSuffix(c, "--help") || strings.HasSuffix(c, " version") })
+	want := []string{"snapshot export --to-dir /checkpoints/c1 ckpt", "vm clone --name restored -o json --from-dir /checkpoints/c1"}
+	for i, w := range want {
+		if i >= len(got) || !strings.HasSuffix(got[i], " "+w) {
+			t.Fatalf("argv %q\nwant suffixes %q", got, want)
+		}
+	}
 }

@@ -40,6 +40,15 @@ func (c *Client) SnapshotExport(ctx context.Context, ref string, w io.Writer) er
 	return err
 }
 
+// SnapshotExportToDir writes a snapshot's files into dir, which cocoon creates and which must be
+// empty: the data files reflinked or copied from cocoon's store, then snapshot.json, written last,
+// so that its presence says the rest is whole. A failure may leave what was copied (some releases
+// remove it, some do not): the caller removes dir. Where Capabilities.SnapshotDirs.
+func (c *Client) SnapshotExportToDir(ctx context.Context, ref, dir string) error {
+	_, err := c.run(ctx, call{args: []string{"snapshot", "export", "--to-dir", dir, ref}, timeout: transferTimeout, long: true})
+	return err
+}
+
 // SnapshotInspect returns one snapshot by ID or name.
 func (c *Client) SnapshotInspect(ctx context.Context, ref string) (*Snapshot, error) {
 	return query[Snapshot](ctx, c, "snapshot", "inspect", ref)

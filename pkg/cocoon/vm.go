@@ -64,6 +64,9 @@ type CloneOptions struct {
 	CopyMemory bool
 	// Pull fetches the snapshot's base image by its recorded digest when it is missing.
 	Pull bool
+	// FromDir: the snapshot is a directory (snapshot export --to-dir's), cloned with --from-dir
+	// without being imported, and only read. Where Capabilities.SnapshotDirs.
+	FromDir bool
 }
 
 func (o CloneOptions) args(caps Capabilities) []string {
@@ -108,7 +111,7 @@ func (c *Client) VMRun(ctx context.Context, image string, o CreateOptions) (*VM,
 	return c.settled(ctx, vm, err)
 }
 
-// VMClone creates a running VM from a local snapshot.
+// VMClone creates a running VM from a local snapshot, or from a snapshot directory (FromDir).
 func (c *Client) VMClone(ctx context.Context, snapshot string, o CloneOptions) (*VM, error) {
 	if o.Name == "" {
 		// cocoon v0.3.8 validates the name before applying its documented default.
@@ -118,7 +121,13 @@ func (c *Client) VMClone(ctx context.Context, snapshot string, o CloneOptions) (
 	if err != nil {
 		return nil, fmt.Errorf("clone %s: %w", snapshot, err)
 	}
-	vm, err := query[VM](ctx, c, append(append([]string{"vm", "clone"}, o.args(caps)...), "-o", "json", snapshot)...)
+	args := append(append([]string{"vm", "clone"}, o.args(caps)...), "-o", "json")
+	if o.FromDir {
+		args = append(args, "--from-dir", snapshot)
+	} else {
+		args = append(args, snapshot)
+	}
+	vm, err := query[VM](ctx, c, args...)
 	return c.settled(ctx, vm, err)
 }
 

@@ -150,7 +150,7 @@ const (
 type VM struct {
 	Name       string `json:"name"`
 	Mode       VMMode `json:"mode"`
-	Source     string `json:"source"` // local snapshot or image name in cocoon
+	Source     string `json:"source"` // local snapshot or image name in cocoon, or a snapshot directory (FromDir)
 	CPU        int    `json:"cpu"`
 	Memory     int64  `json:"memory"`
 	Storage    int64  `json:"storage"`
@@ -163,6 +163,9 @@ type VM struct {
 	// DirectBoot: the guest boots its kernel directly (an OCI VM image, or a snapshot of a VM that
 	// did). See cocoon.StopsAtOnce.
 	DirectBoot bool `json:"direct_boot,omitempty"`
+	// FromDir: Source is a snapshot directory (a pod checkpoint's container), which the clone
+	// reads in place (cocoon vm clone --from-dir) and never changes.
+	FromDir bool `json:"from_dir,omitempty"`
 	// OnDemand marks a clone that reads its memory lazily from the source snapshot, which must stay
 	// on disk while the VM exists.
 	OnDemand bool `json:"on_demand,omitempty"`
@@ -268,8 +271,13 @@ type Image struct {
 	RepoDigests []string  `json:"repo_digests,omitempty"`
 	Size        int64     `json:"size"`
 	Kind        ImageKind `json:"kind"`
-	// LocalName is the artifact's name in cocoon (snapshot name or image name).
+	// LocalName is the artifact's name in cocoon (snapshot name or image name), or the snapshot
+	// directory of a FromDir image.
 	LocalName string `json:"local_name"`
+	// FromDir: the image is a snapshot directory outside cocoon (a pod checkpoint's container),
+	// cloned in place with vm clone --from-dir. It is the checkpoint's owner's: cocoon-cri only
+	// reads it, and removing the image drops only the record.
+	FromDir bool `json:"from_dir,omitempty"`
 	// Labels are the image's labels (OCI image config); cocoon.ssh.* ones set the guest login.
 	Labels map[string]string `json:"labels,omitempty"`
 	// Snapshot describes a snapshot artifact: the floor of every clone's resources.

@@ -1,0 +1,277 @@
+package vmruntime
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/cocoonstack/cocoon-cri/cri/grpcerr"
+
+	"google.golang.org/grpc/codes"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/pkg/store"
+)
+
+// dirContent is every file under dir with its mode and content: what reading a checkpoint must
+// leave as it was.
+func dirContent(t *testing.T, dir string) []string {
+	t.Helper()
+	var out []string
+	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		line := fmt.Sprintf("%s %v %d", strings.TrimPrefix(path, dir), info.Mode(), info.ModTime().UnixNano())
+		if d.Type().IsRegular() {
+			data, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			line += " " + string(data)
+		}
+		out = append(out, line)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// dirCheckpointNode is a node on a cocoon that writes and clones snapshot directories, with a
+// running pod "web" checkpointed into a pod checkpoint directory.
+func dirCheckpointNode(t *testing.T) (n *fakeNode, sandboxID, containerID, out string) {
+	t.Helper()
+	n = newFakeNode(t, Config{CheckpointJournal: filepath.Join(t.TempDir(), "checkpoints")})
+	n.cocoon.setCaps(capsV05)
+	sandboxID, containerID = n.runningPod("web")
+	out = t.TempDir()
+	if _, err := n.s.CheckpointPod(context.Background(), &runtimeapi.CheckpointPodRequest{PodSandboxId: sandboxID, OutputPath: out, ContainerIds: []string{containerID}}); err != nil {
+		t.Fatal(err)
+	}
+	return n, sandboxID, containerID, out
+}
+
+// TestPodCheckpointOfSnapshotDirectories: where cocoon exports snapshots into directories and
+// clones them in place, a pod checkpoint holds each container as cocoon's snapshot directory
+// (root's alone) with its metadata in pod.json, and a restore records the directory as the
+// container's image, with no import into cocoon: StartContainer clones it with --from-dir. The
+// checkpoint is only read, by every restore of it, and removing the restored pods and the image
+// leaves it as it was.
+func TestPodCheckpointOfSnapshotDirectories(t *testing.T) {
+	n, sandboxID, containerID, out := dirCheckpointNode(t)
+	ctx := context.Background()
+	saved := n.container(containerID)
+	if c := n.container(containerID); c.State != store.ContainerRunning {
+		t.Fatalf("container is %s after the checkpoint", c.State)
+	}
+	entries, _ := os.ReadDir(out)
+	if names := dirNames(entries); !slices.Equal(names, []string{containerID, podCheckpointFile}) {
+		t.Fatalf("the checkpoint holds %q", names)
+	}
+	member := filepath.Join(out, containerID)
+	if info, err := os.Stat(member); err != nil || info.Mode().Perm() != 0o700 {
+		t.Fatalf("the container's snapshot directory: %v, %v; want mode 0700, it holds the guest's memory", info, err)
+	}
+	if _, err := os.Stat(filepath.Join(member, "snapshot.json")); err != nil {
+		t.Fatalf("no snapshot.json in the container's directory: %v", err)
+	}
+	var pc podCheckpoint
+	data, err := os.ReadFile(filepath.Join(out, podCheckpointFile))
+	if err == nil {
+		err = json.Unmarshal(data, &pc)
+	}
+	if err != nil || len(pc.Containers) != 1 || pc.Containers[0].Snapshot != containerID || pc.Containers[0].Archive != "" ||
+		pc.Containers[0].Metadata == nil || pc.Containers[0].Metadata.Container.ID != containerID || pc.Containers[0].Metadata.CPU != saved.VM.CPU {
+		t.Fatalf("pod.json %+v, %v", pc, err)
+	}
+	if calls := n.cocoon.calls("SnapshotExport", "SnapshotExportToDir"); len(calls) != 1 || !strings.HasPrefix(calls[0], "SnapshotExportToDir ") {
+		t.Fatalf("exports %q, want one into a directory", calls)
+	}
+	image, _ := n.s.images.Get(snapshotRef)
+	if snaps := n.cocoon.snapshotNames(); !slices.Equal(snaps, []string{image.LocalName}) {
+		t.Fatalf("snapshots after the checkpoint %q: the checkpoint's own must be gone", snaps)
+	}
+	before := dirContent(t, out)
+
+	restore := func(name string) string {
+		t.Helper()
+		resp, err := n.s.RestorePod(ctx, &runtimeapi.RestorePodRequest{
+			CheckpointPath: out, Config: podConfig(name), RuntimeHandler: HandlerName,
+			ContainerConfigs: []*runtimeapi.ContainerConfig{containerConfig("app", snapshotRef)},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.GetPodSandboxId() == sandboxID || len(resp.GetRestoredContainers()) != 1 {
+			t.Fatalf("RestorePod answered %v", resp)
+		}
+		return resp.GetRestoredContainers()[0].GetContainerId()
+	}
+	imports := len(n.cocoon.calls("SnapshotImport"))
+	restored := restore("web-restored")
+	c := n.container(restored)
+	img, err := n.s.images.Get(c.ImageRef)
+	if c.State != store.ContainerCreated || err != nil || !img.FromDir || img.LocalName != member || img.Kind != store.ImageSnapshot ||
+		img.Snapshot.CPU != saved.VM.CPU || img.Snapshot.Memory != saved.VM.Memory || !c.VM.FromDir || c.VM.Source != member || c.VM.OnDemand {
+		t.Fatalf("restored container %+v, image %+v, %v", c, img, err)
+	}
+	n.startContainer(restored)
+	c = n.container(restored)
+	vm, ok := n.cocoon.vm(c.VM.ID)
+	if c.State != store.ContainerRunning || !ok || vm.Config.Image != "cocoon.local/base:v1" {
+		t.Fatalf("restored container %+v, VM %+v", c, vm)
+	}
+	if clones := n.cocoon.calls("VMClone"); clones[len(clones)-1] != "VMClone "+c.VM.Name+" "+member {
+		t.Fatalf("clones %q, want the last from the checkpoint's directory", clones)
+	}
+
+	again := restore("web-restored-again")
+	if n.container(again).ImageID != c.ImageID {
+		t.Errorf("a second restore of the checkpoint made another image: %s, %s", n.container(again).ImageID, c.ImageID)
+	}
+	if after := len(n.cocoon.calls("SnapshotImport")); after != imports {
+		t.Errorf("restores imported %d snapshots into cocoon", after-imports)
+	}
+
+	for _, id := range []string{restored, again} {
+		if _, err := n.s.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := n.s.RemoveImage(ctx, &runtimeapi.RemoveImageRequest{Image: &runtimeapi.ImageSpec{Image: c.ImageID}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.st.Images.Get(c.ImageID); err == nil {
+		t.Error("the removed checkpoint image's record stayed")
+	}
+	if after := dirContent(t, out); !slices.Equal(after, before) {
+		t.Fatalf("the checkpoint changed:\n%q\nwas:\n%q", after, before)
+	}
+}
+
+func dirNames(entries []os.DirEntry) []string {
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	return names
+}
+
+// TestPodCheckpointOfSnapshotDirectoriesRefusals: a restore refuses what it cannot clone or what is
+// not a snapshot directory, before any sandbox or cocoon call, and changes nothing.
+func TestPodCheckpointOfSnapshotDirectoriesRefusals(t *testing.T) {
+	n, _, containerID, out := dirCheckpointNode(t)
+	ctx := context.Background()
+	writePod := func(members string) string {
+		dir := t.TempDir()
+		if err := os.CopyFS(dir, os.DirFS(out)); err != nil {
+			t.Fatal(err)
+		}
+		if members != "" {
+			if err := os.WriteFile(filepath.Join(dir, podCheckpointFile), []byte(`{"version":1,"containers":`+members+`}`), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return dir
+	}
+	var pc podCheckpoint
+	data, _ := os.ReadFile(filepath.Join(out, podCheckpointFile))
+	if err := json.Unmarshal(data, &pc); err != nil {
+		t.Fatal(err)
+	}
+	meta, _ := json.Marshal(pc.Containers[0].Metadata)
+	noEnvelope := writePod("")
+	if err := os.Remove(filepath.Join(noEnvelope, containerID, "snapshot.json")); err != nil {
+		t.Fatal(err)
+	}
+	otherHypervisor := writePod("")
+	envelope := cocoon.SnapshotExport{Version: cocoon.SnapshotExportVersion, Config: cocoon.SnapshotConfig{Hypervisor: cocoon.HypervisorFirecracker}}
+	if data, err := json.Marshal(envelope); err != nil || os.WriteFile(filepath.Join(otherHypervisor, containerID, "snapshot.json"), data, 0o600) != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name string
+		dir  string
+		code codes.Code
+	}{
+		{"no snapshot.json", noEnvelope, codes.InvalidArgument},
+		{"another hypervisor than its metadata", otherHypervisor, codes.InvalidArgument},
+		{"archive and directory", writePod(`[{"name":"app","archive":"a.tar","snapshot":"` + containerID + `","metadata":` + string(meta) + `}]`), codes.InvalidArgument},
+		{"no metadata", writePod(`[{"name":"app","snapshot":"` + containerID + `"}]`), codes.InvalidArgument},
+		{"directory outside", writePod(`[{"name":"app","snapshot":"..","metadata":` + string(meta) + `}]`), codes.InvalidArgument},
+		{"not a directory", writePod(`[{"name":"app","snapshot":"` + podCheckpointFile + `","metadata":` + string(meta) + `}]`), codes.InvalidArgument},
+	}
+	sandboxes := len(n.st.Sandboxes.List(nil))
+	held := n.net.held()
+	calls := len(n.cocoon.calls())
+	for _, tc := range cases {
+		before := dirContent(t, tc.dir)
+		_, err := n.s.RestorePod(ctx, &runtimeapi.RestorePodRequest{
+			CheckpointPath: tc.dir, Config: podConfig("refused"), RuntimeHandler: HandlerName,
+			ContainerConfigs: []*runtimeapi.ContainerConfig{containerConfig("app", snapshotRef)},
+		})
+		if code := grpcerr.Code(err); code != tc.code {
+			t.Errorf("%s: %v, want %s", tc.name, err, tc.code)
+		}
+		if after := dirContent(t, tc.dir); !slices.Equal(after, before) {
+			t.Errorf("%s: the checkpoint changed", tc.name)
+		}
+	}
+	if got := n.cocoon.calls()[calls:]; len(got) != 0 {
+		t.Errorf("refused restores called cocoon: %q", got)
+	}
+
+	// A cocoon without --from-dir cannot clone the directories: refused before a sandbox is made.
+	n.cocoon.setCaps(capsV038)
+	_, err := n.s.RestorePod(ctx, &runtimeapi.RestorePodRequest{
+		CheckpointPath: out, Config: podConfig("old-cocoon"), RuntimeHandler: HandlerName,
+		ContainerConfigs: []*runtimeapi.ContainerConfig{containerConfig("app", snapshotRef)},
+	})
+	if grpcerr.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "--from-dir") {
+		t.Errorf("a restore on a cocoon that cannot clone a directory: %v, want FailedPrecondition", err)
+	}
+	if after := len(n.st.Sandboxes.List(nil)); after != sandboxes {
+		t.Errorf("%d sandboxes after the refusals, %d before", after, sandboxes)
+	}
+	if after := n.net.held(); !slices.Equal(after, held) {
+		t.Errorf("refusals left %q on the network (before: %q)", after, held)
+	}
+}
+
+// TestPodCheckpointOfSnapshotDirectoriesFailure: an export that fails after cocoon wrote part of
+// the directory leaves nothing in the checkpoint directory and no snapshot in cocoon, and the VM
+// runs on.
+func TestPodCheckpointOfSnapshotDirectoriesFailure(t *testing.T) {
+	n := newFakeNode(t, Config{CheckpointJournal: filepath.Join(t.TempDir(), "checkpoints")})
+	n.cocoon.setCaps(capsV05)
+	sandboxID, containerID := n.runningPod("web")
+	snapshots := n.cocoon.snapshotNames()
+	n.cocoon.failOnce("SnapshotExportToDir", cocoonErr(cocoon.ErrNoSpace, "export-to-dir: copy memory-ranges: no space left on device", "snapshot", "export"))
+	out := t.TempDir()
+	_, err := n.s.CheckpointPod(context.Background(), &runtimeapi.CheckpointPodRequest{PodSandboxId: sandboxID, OutputPath: out, ContainerIds: []string{containerID}})
+	wantCode(t, err, codes.ResourceExhausted)
+	if entries, _ := os.ReadDir(out); len(entries) != 0 {
+		t.Errorf("a failed pod checkpoint left %q", dirNames(entries))
+	}
+	if left := n.cocoon.snapshotNames(); !slices.Equal(left, snapshots) {
+		t.Errorf("snapshots %q after the failure, %q before", left, snapshots)
+	}
+	if notes, _ := os.ReadDir(n.s.cfg.CheckpointJournal); len(notes) != 0 {
+		t.Errorf("journal notes left: %v", notes)
+	}
+	if c := n.container(containerID); c.State != store.ContainerRunning {
+		t.Errorf("the container is %s after a failed checkpoint", c.State)
+	}
+}
