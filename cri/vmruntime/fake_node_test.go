@@ -27,7 +27,7 @@ import (
 // (fakeCocoon, fakeNetwork). Its clock moves 1 ms each time it is read, so durations the runtime
 // measures are the same on every run.
 type fakeNode struct {
-	t      *testing.T
+	t      testing.TB
 	dir    string
 	cfg    Config
 	cocoon *fakeCocoon
@@ -38,7 +38,7 @@ type fakeNode struct {
 	clock  atomic.Int64
 }
 
-func newFakeNode(t *testing.T, cfg Config) *fakeNode {
+func newFakeNode(t testing.TB, cfg Config) *fakeNode {
 	t.Helper()
 	if cfg.Cgroups == nil {
 		// Never the host's: a warm pool places its VMs whatever the pods ask.
