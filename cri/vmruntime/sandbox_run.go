@@ -58,7 +58,20 @@ func (s *Runtime) RunPodSandbox(ctx context.Context, req *runtimeapi.RunPodSandb
 		VM:             vmOpts,
 		Network:        &store.PodNetwork{ConfList: network.Bytes},
 	}
-	if err := s.store.Sandboxes.Create(sb); err != nil {
+	// The namespace is made while the record is synced, each taking about a millisecond: a crash
+	// between them leaves a pinned namespace without a record, which the next start removes with
+	// the other network leftovers (RemoveLeftovers). The CNI, whose leases would leak, waits for
+	// the record.
+	netnsMade := make(chan error, 1)
+	go func() { netnsMade <- s.net.CreateNetNS(sb.NetNS) }()
+	err = s.store.Sandboxes.Create(sb)
+	netnsErr := <-netnsMade
+	if err != nil {
+		if netnsErr == nil {
+			if rmErr := s.net.RemoveNetNS(sb.NetNS); rmErr != nil {
+				s.log.Warn("the network namespace of a sandbox that was not recorded is left; the next start removes it", "netns", sb.NetNS, "err", rmErr)
+			}
+		}
 		if errors.Is(err, store.ErrExists) {
 			return nil, alreadyExists("sandbox name %q is already reserved: %v", name, err)
 		}
@@ -67,7 +80,7 @@ func (s *Runtime) RunPodSandbox(ctx context.Context, req *runtimeapi.RunPodSandb
 	log := s.log.With("sandbox", id, "pod", cfg.GetMetadata().GetNamespace()+"/"+cfg.GetMetadata().GetName())
 	faultpoint.Hit(faultpoint.SandboxRecorded)
 
-	if err := s.setUpSandbox(ctx, sb, network); err != nil {
+	if err := s.setUpSandbox(ctx, sb, network, netnsErr); err != nil {
 		log.Error("RunPodSandbox failed, rolling back", "err", err)
 		if rbErr := s.rollbackSandbox(context.WithoutCancel(ctx), sb); rbErr != nil {
 			log.Error("rollback failed; recovery will retry it at the next start", "err", rbErr)
@@ -78,9 +91,11 @@ func (s *Runtime) RunPodSandbox(ctx context.Context, req *runtimeapi.RunPodSandb
 	return &runtimeapi.RunPodSandboxResponse{PodSandboxId: id}, nil
 }
 
-func (s *Runtime) setUpSandbox(ctx context.Context, sb *store.Sandbox, network *libcni.NetworkConfigList) error {
-	if err := s.net.CreateNetNS(sb.NetNS); err != nil {
-		return fmt.Errorf("create network namespace: %w", err)
+// setUpSandbox attaches a recorded sandbox to its network, in the namespace made beside the record
+// (netnsErr says how that went), and records it ready.
+func (s *Runtime) setUpSandbox(ctx context.Context, sb *store.Sandbox, network *libcni.NetworkConfigList, netnsErr error) error {
+	if netnsErr != nil {
+		return fmt.Errorf("create network namespace: %w", netnsErr)
 	}
 	faultpoint.Hit(faultpoint.SandboxNetNSCreated)
 	if err := s.attachSandbox(ctx, sb, network); err != nil {
