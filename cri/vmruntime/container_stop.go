@@ -110,7 +110,7 @@ func (s *Runtime) askGuestPowerOff(ctx context.Context, sb *store.Sandbox, c *st
 	case path == ExecPathNone:
 		return powerOffAnswer{why: "no way to run commands in guests"}
 	}
-	code, err := s.guest.run(ctx, sb, c, systemCommand("poweroff"), streaming.ExecIO{Stdout: io.Discard, Stderr: io.Discard})
+	code, err := s.guest.run(ctx, sb, c, powerOffCommand(), streaming.ExecIO{Stdout: io.Discard, Stderr: io.Discard})
 	switch {
 	case err == nil && code != 0:
 		return powerOffAnswer{why: fmt.Sprintf("poweroff exited %d", code)}

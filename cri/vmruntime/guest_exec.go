@@ -101,11 +101,17 @@ type guestCommand struct {
 	argv []string
 	env  map[string]string
 	dir  string
+	// last: the VM's last command (its power-off). How it reached the guest is not recorded: no
+	// command will follow, and the record would be one more synced commit in StopContainer.
+	last bool
 }
 
 // systemCommand is a command of cocoon-cri's own (guest set-up, poweroff): the container's
 // environment and working directory are not its.
 func systemCommand(argv ...string) guestCommand { return guestCommand{argv: argv} }
+
+// powerOffCommand asks the guest to power off: the VM's last command.
+func powerOffCommand() guestCommand { return guestCommand{argv: []string{"poweroff"}, last: true} }
 
 // containerCommand is argv as the container's processes run: with its environment (the kubelet's
 // service variables included; a later duplicate wins, as in a process environment built in order)
@@ -198,7 +204,7 @@ func (g *guestExecutor) run(ctx context.Context, sb *store.Sandbox, c *store.Con
 		if !errors.As(err, &none) {
 			return code, err
 		}
-		if path = g.learnNoAgent(c, none); path == ExecPathNone {
+		if path = g.learnNoAgent(c, none, !cmd.last); path == ExecPathNone {
 			return -1, noAgentNoSSH(c, none.why)
 		}
 	}
@@ -247,13 +253,16 @@ func (g *guestExecutor) learn(c *store.Container, path string) {
 	}
 }
 
-// learnNoAgent records that the VM has no agent and returns the path its commands take instead.
-func (g *guestExecutor) learnNoAgent(c *store.Container, none *noAgentError) string {
+// learnNoAgent records (where record says so) that the VM has no agent and returns the path its
+// commands take instead.
+func (g *guestExecutor) learnNoAgent(c *store.Container, none *noAgentError, record bool) string {
 	path := ExecPathNone
 	if g.ssh.configured() {
 		path = ExecPathSSH
 	}
-	g.learn(c, path)
+	if record {
+		g.learn(c, path)
+	}
 	g.log.Warn("the guest has no cocoon-agent", "container", c.ID, "vm", c.VM.Name, "why", none.why, "guestExec", DescribeExecPath(path))
 	return path
 }
@@ -282,7 +291,9 @@ func (g *guestExecutor) agent(ctx context.Context, sb *store.Sandbox, c *store.C
 		code, err := g.cocoonFor(sb).VMExec(ctx, c.VM.ID, argv, opts)
 		switch {
 		case err == nil:
-			g.learn(c, ExecPathAgent)
+			if !cmd.last {
+				g.learn(c, ExecPathAgent)
+			}
 			return code, nil
 		case errors.Is(err, cocoon.ErrNoVsock) && g.vmHasVsock(ctx, c.VM.ID):
 			// cocoon would not say so of a VM it gave a vsock socket: the line is the command's own

@@ -206,6 +206,36 @@ func TestStopOfADirectBootGuest(t *testing.T) {
 	}
 }
 
+// A power-off through the agent that comes before anything learned the VM's exec path (a stop
+// right after the start, the guest's set-up still running) does not record the path: the VM will
+// take no other command, and the record would be one more synced commit in StopContainer.
+func TestPowerOffRecordsNoExecPath(t *testing.T) {
+	n := newFakeNode(t, Config{})
+	n.cocoon.setCaps(capsV05)
+	direct := appSnapshot()
+	direct.ImageType = cocoon.ImageTypeOCI
+	n.importSnapshot(snapshotRef, direct)
+	_, containerID := n.runningPod("web")
+	settle(n.s)
+	if _, err := n.st.Containers.Modify(containerID, func(r *store.Container) error {
+		r.VM.GuestExec, r.VM.GuestExecKnown = "", false
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	n.cocoon.reset()
+	if _, err := n.s.StopContainer(context.Background(), &runtimeapi.StopContainerRequest{ContainerId: containerID, Timeout: 10}); err != nil {
+		t.Fatal(err)
+	}
+	c := n.container(containerID)
+	if c.Reason != reasonCompleted || c.VM.GuestExecKnown {
+		t.Fatalf("stopped container: %s %q, exec path known %v (%q)", c.Reason, c.Message, c.VM.GuestExecKnown, c.VM.GuestExec)
+	}
+	if execs := n.cocoon.calls("VMExec"); len(execs) != 1 || !strings.Contains(execs[0], "poweroff") {
+		t.Fatalf("execs %q, want the power-off", execs)
+	}
+}
+
 // On v0.5 the guest is configured for the pod through vm exec once it answers, and a clone is
 // reseeded; StartContainer does not wait for either.
 func TestStartConfiguresTheGuestThroughTheAgent(t *testing.T) {
