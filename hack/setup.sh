@@ -15,6 +15,7 @@ declare -A needs=(
   [docker-registry]=docker-registry  # the OCI registry (distribution v2) image pulls are tested against
   [/usr/sbin/runc]=runc             # the OCI runtime of the containerd the passthrough tests run beside cocoon-cri
   [/bin/busybox]=busybox-static     # the one binary of those tests' container image
+  [criu]=criu                       # make bench's checkpoint benchmark asks it whether CRIU checkpoints work here
 )
 
 missing=()
