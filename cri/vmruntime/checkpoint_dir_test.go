@@ -50,11 +50,18 @@ func dirContent(t *testing.T, dir string) []string {
 }
 
 // dirCheckpointNode is a node on a cocoon that writes and clones snapshot directories, with a
-// running pod "web" checkpointed into a pod checkpoint directory.
-func dirCheckpointNode(t *testing.T) (n *fakeNode, sandboxID, containerID, out string) {
+// running pod "web" of a snapshot taken under hypervisor checkpointed into a pod checkpoint
+// directory.
+func dirCheckpointNode(t *testing.T, hypervisor string) (n *fakeNode, sandboxID, containerID, out string) {
 	t.Helper()
 	n = newFakeNode(t, Config{CheckpointJournal: filepath.Join(t.TempDir(), "checkpoints")})
 	n.cocoon.setCaps(capsV05)
+	snap := appSnapshot()
+	if hypervisor == cocoon.HypervisorFirecracker {
+		// Firecracker boots OCI VM images only.
+		snap.Hypervisor, snap.ImageType = hypervisor, cocoon.ImageTypeOCI
+	}
+	n.importSnapshot(snapshotRef, snap)
 	sandboxID, containerID = n.runningPod("web")
 	out = t.TempDir()
 	if _, err := n.s.CheckpointPod(context.Background(), &runtimeapi.CheckpointPodRequest{PodSandboxId: sandboxID, OutputPath: out, ContainerIds: []string{containerID}}); err != nil {
@@ -68,9 +75,15 @@ func dirCheckpointNode(t *testing.T) (n *fakeNode, sandboxID, containerID, out s
 // (root's alone) with its metadata in pod.json, and a restore records the directory as the
 // container's image, with no import into cocoon: StartContainer clones it with --from-dir. The
 // checkpoint is only read, by every restore of it, and removing the restored pods and the image
-// leaves it as it was.
+// leaves it as it was. Both hypervisors.
 func TestPodCheckpointOfSnapshotDirectories(t *testing.T) {
-	n, sandboxID, containerID, out := dirCheckpointNode(t)
+	for _, hypervisor := range []string{cocoon.HypervisorCloudHypervisor, cocoon.HypervisorFirecracker} {
+		t.Run(hypervisor, func(t *testing.T) { testPodCheckpointOfSnapshotDirectories(t, hypervisor) })
+	}
+}
+
+func testPodCheckpointOfSnapshotDirectories(t *testing.T, hypervisor string) {
+	n, sandboxID, containerID, out := dirCheckpointNode(t, hypervisor)
 	ctx := context.Background()
 	saved := n.container(containerID)
 	if c := n.container(containerID); c.State != store.ContainerRunning {
@@ -130,7 +143,7 @@ func TestPodCheckpointOfSnapshotDirectories(t *testing.T) {
 	n.startContainer(restored)
 	c = n.container(restored)
 	vm, ok := n.cocoon.vm(c.VM.ID)
-	if c.State != store.ContainerRunning || !ok || vm.Config.Image != "cocoon.local/base:v1" {
+	if c.State != store.ContainerRunning || !ok || vm.Config.Image != "cocoon.local/base:v1" || vm.Hypervisor != hypervisor {
 		t.Fatalf("restored container %+v, VM %+v", c, vm)
 	}
 	if clones := n.cocoon.calls("VMClone"); clones[len(clones)-1] != "VMClone "+c.VM.Name+" "+member {
@@ -172,7 +185,7 @@ func dirNames(entries []os.DirEntry) []string {
 // TestPodCheckpointOfSnapshotDirectoriesRefusals: a restore refuses what it cannot clone or what is
 // not a snapshot directory, before any sandbox or cocoon call, and changes nothing.
 func TestPodCheckpointOfSnapshotDirectoriesRefusals(t *testing.T) {
-	n, _, containerID, out := dirCheckpointNode(t)
+	n, _, containerID, out := dirCheckpointNode(t, cocoon.HypervisorCloudHypervisor)
 	ctx := context.Background()
 	writePod := func(members string) string {
 		dir := t.TempDir()
