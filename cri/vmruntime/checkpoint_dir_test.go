@@ -288,3 +288,61 @@ func TestPodCheckpointOfSnapshotDirectoriesFailure(t *testing.T) {
 		t.Errorf("the container is %s after a failed checkpoint", c.State)
 	}
 }
+
+// TestRestartRemovesWhatAPodCheckpointLeft: a pod checkpoint is noted in the journal, with every
+// entry it writes into its output directory, from before its first write until its pod.json: a
+// crash after a container's entry was renamed into place, before pod.json, leaves nothing in the
+// caller's directory once cocoon-cri is back.
+func TestRestartRemovesWhatAPodCheckpointLeft(t *testing.T) {
+	n := newFakeNode(t, Config{CheckpointJournal: filepath.Join(t.TempDir(), "checkpoints")})
+	n.cocoon.setCaps(capsV05)
+	sandboxID, containerID := n.runningPod("web")
+	out := t.TempDir()
+	var during []journalEntry
+	n.cocoon.duringSave = func(context.Context) {
+		notes, _ := os.ReadDir(n.s.cfg.CheckpointJournal)
+		for _, note := range notes {
+			if !strings.HasPrefix(note.Name(), podCheckpointNotePrefix) {
+				continue
+			}
+			var e journalEntry
+			data, _ := os.ReadFile(filepath.Join(n.s.cfg.CheckpointJournal, note.Name()))
+			if json.Unmarshal(data, &e) == nil {
+				during = append(during, e)
+			}
+		}
+	}
+	if _, err := n.s.CheckpointPod(context.Background(), &runtimeapi.CheckpointPodRequest{PodSandboxId: sandboxID, OutputPath: out, ContainerIds: []string{containerID}}); err != nil {
+		t.Fatal(err)
+	}
+	n.cocoon.duringSave = nil
+	if len(during) != 1 || !slices.Contains(during[0].Outputs, filepath.Join(out, podCheckpointFile)) || !slices.Contains(during[0].Outputs, filepath.Join(out, containerID)) {
+		t.Fatalf("the pod checkpoint's notes during the save: %+v", during)
+	}
+	if notes, _ := os.ReadDir(n.s.cfg.CheckpointJournal); len(notes) != 0 {
+		t.Fatalf("notes left after the checkpoint: %v", dirNames(notes))
+	}
+
+	// What a crash before pod.json leaves: the note, and the container's directory in place.
+	crashed := t.TempDir()
+	if _, err := n.s.notePodCheckpoint(sandboxID, []string{filepath.Join(crashed, podCheckpointFile), filepath.Join(crashed, containerID)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.CopyFS(filepath.Join(crashed, containerID), os.DirFS(filepath.Join(out, containerID))); err != nil {
+		t.Fatal(err)
+	}
+	n.cocoon.reset()
+	n.s.removeCutShortCheckpoints(context.Background())
+	if entries, _ := os.ReadDir(crashed); len(entries) != 0 {
+		t.Errorf("after the restart the output directory holds %q", dirNames(entries))
+	}
+	if notes, _ := os.ReadDir(n.s.cfg.CheckpointJournal); len(notes) != 0 {
+		t.Errorf("notes left: %v", dirNames(notes))
+	}
+	if calls := n.cocoon.calls("SnapshotRemove"); len(calls) != 0 {
+		t.Errorf("a pod checkpoint's note names no snapshot, yet: %q", calls)
+	}
+	if entries, _ := os.ReadDir(out); len(entries) != 2 {
+		t.Errorf("the finished checkpoint lost entries: %q", dirNames(entries))
+	}
+}

@@ -139,6 +139,22 @@ func (s *Runtime) selectedContainers(sb *store.Sandbox, ids []string) ([]*store.
 // writePodCheckpoint writes each container's archive, then pod.json. On failure it removes what
 // it wrote, and only that: the directory is the caller's.
 func (s *Runtime) writePodCheckpoint(ctx context.Context, sb *store.Sandbox, members []*store.Container, dir string) (err error) {
+	caps, err := s.cocoon.Capabilities(ctx)
+	if err != nil {
+		return fmt.Errorf("learn how this cocoon exports a snapshot: %w", err)
+	}
+	// Noted before anything is written, until pod.json is, or what was written is removed: a
+	// crash in between leaves nothing in the caller's directory once cocoon-cri is back, as a
+	// failure leaves nothing now.
+	outputs := []string{filepath.Join(dir, podCheckpointFile)}
+	for _, c := range members {
+		outputs = append(outputs, filepath.Join(dir, c.ID), filepath.Join(dir, c.ID+".tar"))
+	}
+	noted, err := s.notePodCheckpoint(sb.ID, outputs)
+	if err != nil {
+		return fmt.Errorf("note the checkpoint in the journal: %w", err)
+	}
+	defer noted()
 	var written []string
 	defer func() {
 		if err != nil {
@@ -147,10 +163,6 @@ func (s *Runtime) writePodCheckpoint(ctx context.Context, sb *store.Sandbox, mem
 			}
 		}
 	}()
-	caps, err := s.cocoon.Capabilities(ctx)
-	if err != nil {
-		return fmt.Errorf("learn how this cocoon exports a snapshot: %w", err)
-	}
 	pc := podCheckpoint{
 		Version: checkpoint.FormatVersion, CreatedAt: s.nowFunc().UTC(), RuntimeHandler: sb.RuntimeHandler,
 		Pod: checkpoint.Pod{
