@@ -3,7 +3,6 @@ package vmruntime
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,37 +16,8 @@ import (
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
+	"github.com/cocoonstack/cocoon-cri/test/dirtree"
 )
-
-// dirContent is every file under dir with its mode and content: what reading a checkpoint must
-// leave as it was.
-func dirContent(t *testing.T, dir string) []string {
-	t.Helper()
-	var out []string
-	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		line := fmt.Sprintf("%s %v %d", strings.TrimPrefix(path, dir), info.Mode(), info.ModTime().UnixNano())
-		if d.Type().IsRegular() {
-			data, err := os.ReadFile(path)
-			if err != nil {
-				return err
-			}
-			line += " " + string(data)
-		}
-		out = append(out, line)
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
 
 // dirCheckpointNode is a node on a cocoon that writes and clones snapshot directories, with a
 // running pod "web" of a snapshot taken under hypervisor checkpointed into a pod checkpoint
@@ -116,7 +86,7 @@ func testPodCheckpointOfSnapshotDirectories(t *testing.T, hypervisor string) {
 	if snaps := n.cocoon.snapshotNames(); !slices.Equal(snaps, []string{image.LocalName}) {
 		t.Fatalf("snapshots after the checkpoint %q: the checkpoint's own must be gone", snaps)
 	}
-	before := dirContent(t, out)
+	before := dirtree.Describe(t, out)
 
 	restore := func(name string) string {
 		t.Helper()
@@ -169,8 +139,8 @@ func testPodCheckpointOfSnapshotDirectories(t *testing.T, hypervisor string) {
 	if _, err := n.st.Images.Get(c.ImageID); err == nil {
 		t.Error("the removed checkpoint image's record stayed")
 	}
-	if after := dirContent(t, out); !slices.Equal(after, before) {
-		t.Fatalf("the checkpoint changed:\n%q\nwas:\n%q", after, before)
+	if after := dirtree.Describe(t, out); after != before {
+		t.Fatalf("the checkpoint changed:\n%s\nwas:\n%s", after, before)
 	}
 }
 
@@ -230,7 +200,7 @@ func TestPodCheckpointOfSnapshotDirectoriesRefusals(t *testing.T) {
 	held := n.net.held()
 	calls := len(n.cocoon.calls())
 	for _, tc := range cases {
-		before := dirContent(t, tc.dir)
+		before := dirtree.Describe(t, tc.dir)
 		_, err := n.s.RestorePod(ctx, &runtimeapi.RestorePodRequest{
 			CheckpointPath: tc.dir, Config: podConfig("refused"), RuntimeHandler: HandlerName,
 			ContainerConfigs: []*runtimeapi.ContainerConfig{containerConfig("app", snapshotRef)},
@@ -238,7 +208,7 @@ func TestPodCheckpointOfSnapshotDirectoriesRefusals(t *testing.T) {
 		if code := grpcerr.Code(err); code != tc.code {
 			t.Errorf("%s: %v, want %s", tc.name, err, tc.code)
 		}
-		if after := dirContent(t, tc.dir); !slices.Equal(after, before) {
+		if after := dirtree.Describe(t, tc.dir); after != before {
 			t.Errorf("%s: the checkpoint changed", tc.name)
 		}
 	}

@@ -1,49 +1,15 @@
 package cocoonsim_test
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
-	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/test/dirtree"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
 )
-
-// describeDir lists a directory's files with their size, mode and modification time, and the
-// content digest of those small enough to read (a COW disk may be gigabytes of holes): what a
-// reader of the directory must leave as it found it.
-func describeDir(t *testing.T, dir string) string {
-	t.Helper()
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var lines []string
-	for _, e := range entries {
-		path := filepath.Join(dir, e.Name())
-		info, err := os.Lstat(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		line := fmt.Sprintf("%s %d %v %d", e.Name(), info.Size(), info.Mode(), info.ModTime().UnixNano())
-		if info.Size() <= 64<<20 {
-			data, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			sum := sha256.Sum256(data)
-			line += " " + hex.EncodeToString(sum[:8])
-		}
-		lines = append(lines, line)
-	}
-	slices.Sort(lines)
-	return strings.Join(lines, "\n")
-}
 
 // TestSnapshotDirectories: v0.5's snapshot export --to-dir writes a snapshot's files and its
 // snapshot.json into a directory, and vm clone --from-dir runs a VM of it without importing it:
@@ -61,7 +27,7 @@ func TestSnapshotDirectories(t *testing.T) {
 
 			dir := filepath.Join(t.TempDir(), "golden")
 			s.ok("snapshot", "export", "golden", "--to-dir", dir)
-			files := describeDir(t, dir)
+			files := dirtree.Describe(t, dir)
 			if !strings.Contains(files, "snapshot.json ") {
 				t.Fatalf("the exported directory has no snapshot.json:\n%s", files)
 			}
@@ -85,7 +51,7 @@ func TestSnapshotDirectories(t *testing.T) {
 				t.Fatalf("a second clone, after the first changed its RAM and the snapshot went:\n%s\nwant:\n%s", got, want)
 			}
 			s.ok("vm", "rm", "--force", "first", "second")
-			if got := describeDir(t, dir); got != files {
+			if got := dirtree.Describe(t, dir); got != files {
 				t.Fatalf("the directory after two clones and their removal:\n%s\nwant it as exported:\n%s", got, files)
 			}
 		})

@@ -3,7 +3,6 @@ package e2e
 import (
 	"bufio"
 	"context"
-	"crypto/sha256"
 	"fmt"
 	"os"
 	"os/exec"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/cocoonstack/cocoon-cri/pkg/checkpoint"
 	"github.com/cocoonstack/cocoon-cri/pkg/faultpoint"
+	"github.com/cocoonstack/cocoon-cri/test/dirtree"
 	"github.com/cocoonstack/cocoon-cri/test/registry"
 )
 
@@ -117,7 +117,7 @@ func TestRestorePodThroughTheCRI(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, src, "snapshot.json")); err != nil {
 		t.Fatalf("the pod checkpoint holds no snapshot directory of the container: %v", err)
 	}
-	checkpointed := treeDigest(t, dir)
+	checkpointed := dirtree.Describe(t, dir)
 	resp, err := rt.RestorePod(ctx, &runtimeapi.RestorePodRequest{
 		CheckpointPath: dir, Config: n.podConfig("restored", "uid-restored"), RuntimeHandler: "cocoon",
 		ContainerConfigs: []*runtimeapi.ContainerConfig{containerConfig("app", snapRef)},
@@ -139,7 +139,7 @@ func TestRestorePodThroughTheCRI(t *testing.T) {
 	if image := field(n.inspect("inspect", ctr), "status", "image", "image"); !strings.HasPrefix(fmt.Sprint(image), "cocoon-cri.local/checkpoint:") {
 		t.Errorf("the restored container's image: %v", image)
 	}
-	if after := treeDigest(t, dir); after != checkpointed {
+	if after := dirtree.Describe(t, dir); after != checkpointed {
 		t.Errorf("the restore changed the checkpoint:\n%s\nwas:\n%s", after, checkpointed)
 	}
 
@@ -155,36 +155,6 @@ func TestRestorePodThroughTheCRI(t *testing.T) {
 	if after := n.mustCrictl("pods", "-q"); after != pods {
 		t.Fatalf("a refused restore left a pod: %q, was %q", after, pods)
 	}
-}
-
-// treeDigest lists every file under dir with its mode, size and modification time, and the digest
-// of the files small enough to read (a COW disk is gigabytes of holes: its time and size tell).
-func treeDigest(t *testing.T, dir string) string {
-	t.Helper()
-	var b strings.Builder
-	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(&b, "%s %v %d %d", strings.TrimPrefix(path, dir), info.Mode(), info.Size(), info.ModTime().UnixNano())
-		if d.Type().IsRegular() && info.Size() <= 64<<20 {
-			data, err := os.ReadFile(path)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(&b, " %x", sha256.Sum256(data))
-		}
-		b.WriteByte('\n')
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b.String()
 }
 
 // readCheckpointMetadata reads the metadata of a checkpoint archive.
