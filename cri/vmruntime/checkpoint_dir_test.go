@@ -216,9 +216,33 @@ func TestPodCheckpointOfSnapshotDirectoriesRefusals(t *testing.T) {
 		t.Errorf("refused restores called cocoon: %q", got)
 	}
 
+	// A checkpoint removed between the restore and the start: the start says so.
+	gone := writePod("")
+	resp, err := n.s.RestorePod(ctx, &runtimeapi.RestorePodRequest{
+		CheckpointPath: gone, Config: podConfig("gone"), RuntimeHandler: HandlerName,
+		ContainerConfigs: []*runtimeapi.ContainerConfig{containerConfig("app", snapshotRef)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(gone); err != nil {
+		t.Fatal(err)
+	}
+	clones := len(n.cocoon.calls("VMClone"))
+	_, err = n.s.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: resp.GetRestoredContainers()[0].GetContainerId()})
+	if grpcerr.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "is gone") || len(n.cocoon.calls("VMClone")) != clones {
+		t.Errorf("a start whose checkpoint is gone: %v, want FailedPrecondition before any clone", err)
+	}
+	if _, err := n.s.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: resp.GetPodSandboxId()}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.s.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: resp.GetPodSandboxId()}); err != nil {
+		t.Fatal(err)
+	}
+
 	// A cocoon without --from-dir cannot clone the directories: refused before a sandbox is made.
 	n.cocoon.setCaps(capsV038)
-	_, err := n.s.RestorePod(ctx, &runtimeapi.RestorePodRequest{
+	_, err = n.s.RestorePod(ctx, &runtimeapi.RestorePodRequest{
 		CheckpointPath: out, Config: podConfig("old-cocoon"), RuntimeHandler: HandlerName,
 		ContainerConfigs: []*runtimeapi.ContainerConfig{containerConfig("app", snapshotRef)},
 	})

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -121,6 +123,13 @@ func (s *Runtime) launchVM(ctx context.Context, sb *store.Sandbox, c *store.Cont
 // plugin hands the pod interface to cocoon.
 func (s *Runtime) makeVM(ctx context.Context, cc Cocoon, c *store.Container) (*cocoon.VM, error) {
 	spec := c.VM
+	if spec.FromDir {
+		// The directory is its owner's, who may have removed it since the restore.
+		if _, err := os.Stat(filepath.Join(spec.Source, snapshotEnvelopeFile)); err != nil {
+			return nil, precondition("the pod checkpoint's snapshot directory %s, which this container restores, is gone or unreadable (%v): "+
+				"keep a checkpoint until the containers restored from it have started", spec.Source, err)
+		}
+	}
 	if spec.Mode == store.VMClone {
 		opts := cloneOptions(spec)
 		if spec.ForkOf != "" {
