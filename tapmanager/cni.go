@@ -189,15 +189,15 @@ func (c *CNI) Add(ctx context.Context, list *libcni.NetworkConfigList, pod Pod) 
 }
 
 // Del detaches the pod from the network described by confList (the configuration it was added
-// with). It is safe to repeat and works when the namespace is already gone: the plugins then only
-// release what they hold (IP leases, port mappings).
+// with). It is safe to repeat and works when the namespace is already gone, or was never whole:
+// the plugins then only release what they hold (IP leases, port mappings).
 func (c *CNI) Del(ctx context.Context, confList []byte, pod Pod) error {
 	list, err := libcni.ConfListFromBytes(confList)
 	if err != nil {
 		return fmt.Errorf("read the recorded CNI configuration: %w", err)
 	}
 	rc := pod.runtimeConf()
-	if _, statErr := os.Stat(rc.NetNS); statErr != nil {
+	if !IsNetNS(rc.NetNS) {
 		rc.NetNS = ""
 	}
 	faultpoint.Hit("cni del/before")

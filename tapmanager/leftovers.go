@@ -79,7 +79,7 @@ func (m *Manager) delCached(ctx context.Context, a *libcni.NetworkAttachment) er
 		return fmt.Errorf("cached CNI configuration of %s: %w", a.ContainerID, err)
 	}
 	rc := &libcni.RuntimeConf{ContainerID: a.ContainerID, IfName: a.IfName, Args: a.CniArgs, CapabilityArgs: a.CapabilityArgs}
-	if _, err := os.Stat(a.NetNS); err == nil {
+	if IsNetNS(a.NetNS) {
 		rc.NetNS = a.NetNS
 	}
 	if err := m.cni.DelNetworkList(ctx, list, rc); err != nil {

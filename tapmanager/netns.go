@@ -50,6 +50,13 @@ func (n *NetNS) CreateNetNS(path string) error {
 	return nil
 }
 
+// IsNetNS reports whether path holds a network namespace: a pin that a crash cut short between
+// its file and its bind mount is a plain file, which CNI plugins refuse to enter.
+func IsNetNS(path string) bool {
+	var st unix.Statfs_t
+	return path != "" && unix.Statfs(path, &st) == nil && st.Type == unix.NSFS_MAGIC
+}
+
 // RemoveNetNS unpins and deletes the namespace at path. A missing one is fine.
 func (n *NetNS) RemoveNetNS(path string) error {
 	defer n.counters.closeFor(path)()

@@ -10,9 +10,6 @@ import (
 	"github.com/cocoonstack/cocoon-cri/test/testproc"
 )
 
-// nsfsMagic is the statfs type of a namespace file (NSFS_MAGIC).
-const nsfsMagic = 0x6e736673
-
 func TestCreateAndRemoveNetNS(t *testing.T) {
 	testproc.RequireRoot(t, "a network namespace")
 	n := &NetNS{Dir: filepath.Join(t.TempDir(), "netns")}
@@ -25,12 +22,15 @@ func TestCreateAndRemoveNetNS(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = n.RemoveNetNS(path) })
 
-	var fs unix.Statfs_t
-	if err := unix.Statfs(path, &fs); err != nil {
+	if !IsNetNS(path) {
+		t.Fatalf("%s is not a namespace", path)
+	}
+	plain := filepath.Join(t.TempDir(), "plain")
+	if err := os.WriteFile(plain, nil, 0o444); err != nil {
 		t.Fatal(err)
 	}
-	if fs.Type != nsfsMagic {
-		t.Fatalf("%s is not a namespace (fs type %#x)", path, fs.Type)
+	if IsNetNS(plain) || IsNetNS(filepath.Join(t.TempDir(), "missing")) || IsNetNS("") {
+		t.Fatal("a plain file, a missing one or no path taken for a namespace")
 	}
 	var ours, pinned unix.Stat_t
 	if err := unix.Stat("/proc/self/ns/net", &ours); err != nil {

@@ -277,12 +277,20 @@ func TestAttachLinksThePodInterfaceToEachVM(t *testing.T) {
 	if linkIn(t, pod.NetNS, PodIfName) != nil {
 		t.Fatal("the cluster's DEL left the pod interface")
 	}
-	// DEL again, and DEL with the namespace gone, are fine.
+	// DEL again, DEL with the namespace gone, and DEL with a plain file where it was (a pin a
+	// crash cut short between its file and its mount, which the plugins refuse to enter), are fine.
 	n.inNode(func() error { return n.cni.Del(ctx, list.Bytes, pod) })
 	if err := n.nets.RemoveNetNS(pod.NetNS); err != nil {
 		t.Fatal(err)
 	}
 	n.inNode(func() error { return n.cni.Del(ctx, list.Bytes, pod) })
+	if err := os.WriteFile(pod.NetNS, nil, 0o444); err != nil {
+		t.Fatal(err)
+	}
+	n.inNode(func() error { return n.cni.Del(ctx, list.Bytes, pod) })
+	if err := n.nets.RemoveNetNS(pod.NetNS); err != nil {
+		t.Fatal(err)
+	}
 	// A VM's removal after its pod's namespace went finds nothing to give back.
 	if err := writeRecord(conf.HolderFile, holderRecord{At: pod.NetNS, WiredTo: vm2}); err != nil {
 		t.Fatal(err)
