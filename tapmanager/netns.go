@@ -40,6 +40,9 @@ func (n *NetNS) CreateNetNS(path string) error {
 		return fmt.Errorf("create netns file %s: %w", path, err)
 	}
 	f.Close()
+	// A crash here leaves a plain file where the namespace would be (IsNetNS): with the sandbox's
+	// record, its rollback's CNI DEL goes without it; without, the next start removes it.
+	faultpoint.Hit("netns file created")
 
 	errc := make(chan error, 1)
 	go func() { errc <- pinNewNetNS(path) }()
