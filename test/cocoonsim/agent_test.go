@@ -96,7 +96,9 @@ func TestV05ListsReconcile(t *testing.T) {
 			if err := syscall.Kill(vm.PID, syscall.SIGKILL); err != nil {
 				t.Fatal(err)
 			}
-			eventually(t, "killed guest to disappear", func() bool { return !testproc.Running(vm.PID) })
+			// cocoon's liveness check is kill(pid, 0), which a zombie passes: the hypervisor is dead
+			// to it once the shim has reaped it.
+			eventually(t, "killed hypervisor to be reaped", func() bool { return syscall.Kill(vm.PID, 0) != nil })
 			list := decode[[]cocoon.VM](t, s.ok("vm", "list", "-o", "json"))
 			if len(list) != 1 || list[0].State != tc.want {
 				t.Fatalf("vm list -o json: %+v, want one VM %q", list, tc.want)
