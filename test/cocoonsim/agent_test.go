@@ -96,9 +96,7 @@ func TestV05ListsReconcile(t *testing.T) {
 			if err := syscall.Kill(vm.PID, syscall.SIGKILL); err != nil {
 				t.Fatal(err)
 			}
-			// cocoon's liveness check is kill(pid, 0), which a zombie passes: the hypervisor is dead
-			// to it once the shim has reaped it.
-			eventually(t, "killed hypervisor to be reaped", func() bool { return syscall.Kill(vm.PID, 0) != nil })
+			eventually(t, "killed hypervisor to be reaped", func() bool { return reaped(vm.PID) })
 			list := decode[[]cocoon.VM](t, s.ok("vm", "list", "-o", "json"))
 			if len(list) != 1 || list[0].State != tc.want {
 				t.Fatalf("vm list -o json: %+v, want one VM %q", list, tc.want)
@@ -171,7 +169,7 @@ func TestGuestPoweroff(t *testing.T) {
 	if r := s.cocoon("vm", "exec", "down", "--", "poweroff"); r.code != 0 {
 		t.Fatalf("vm exec poweroff: exit %d, stderr %s", r.code, r.stderr)
 	}
-	eventually(t, "the hypervisor to exit after poweroff", func() bool { return !testproc.Running(vm.PID) })
+	eventually(t, "the hypervisor to exit after poweroff", func() bool { return reaped(vm.PID) })
 	if got := s.inspect("down").State; got != cocoon.VMStateStale {
 		t.Fatalf("after the guest powered off: %q, want %q", got, cocoon.VMStateStale)
 	}

@@ -222,7 +222,7 @@ func TestOnDemandCloneCrashesWhenSnapshotDeleted(t *testing.T) {
 			}
 			s.ok("snapshot", "rm", "lazy")
 			for _, vm := range lazy {
-				eventually(t, vm.Config.Name+" to crash", func() bool { return !testproc.Running(vm.PID) })
+				eventually(t, vm.Config.Name+" to crash", func() bool { return reaped(vm.PID) })
 				if got := s.inspect(vm.Config.Name); got.State != cocoon.VMStateStale {
 					t.Fatalf("%s after snapshot removal: %s", vm.Config.Name, got.State)
 				}
@@ -244,8 +244,8 @@ func TestGuestBehaviours(t *testing.T) {
 
 	off := s.clone("off", "off-1")
 	boom := s.clone("boom", "boom-1")
-	eventually(t, "self power-off", func() bool { return !testproc.Running(off.PID) })
-	eventually(t, "crash", func() bool { return !testproc.Running(boom.PID) })
+	eventually(t, "self power-off", func() bool { return reaped(off.PID) })
+	eventually(t, "crash", func() bool { return reaped(boom.PID) })
 	for _, name := range []string{"off-1", "boom-1"} {
 		// Nothing updates the record when the hypervisor exits on its own: list shows the raw
 		// "running", inspect reconciles.
@@ -285,7 +285,7 @@ func TestCrashShowsStaleAndRemoveNeedsForce(t *testing.T) {
 	if err := syscall.Kill(vm.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "killed guest to disappear", func() bool { return !testproc.Running(vm.PID) })
+	eventually(t, "killed guest to disappear", func() bool { return reaped(vm.PID) })
 	listed := decode[[]cocoon.VM](t, s.ok("vm", "list", "-o", "json"))
 	if len(listed) != 1 || listed[0].State != cocoon.VMStateRunning || listed[0].PID != vm.PID {
 		t.Fatalf("vm list -o json after crash: %+v", listed)

@@ -14,6 +14,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -278,6 +279,11 @@ func (s *sim) clone(snapshot, name string, extra ...string) cocoon.VM {
 	s.ok(append([]string{"vm", "clone", "--name", name, "-o", "json"}, append(extra, snapshot)...)...)
 	return s.inspect(name)
 }
+
+// reaped reports whether pid is gone, a zombie's reaping included: cocoon's liveness check is
+// kill(pid, 0), which a zombie passes, so a test that reads cocoon's view of a hypervisor that
+// ended waits for this rather than for testproc.Running to turn false.
+func reaped(pid int) bool { return syscall.Kill(pid, 0) != nil }
 
 // eventually polls cond until it holds or patience runs out.
 func eventually(t *testing.T, what string, cond func() bool) {
