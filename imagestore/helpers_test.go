@@ -12,6 +12,7 @@ import (
 
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/pkg/store/storetest"
+	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
 	"github.com/cocoonstack/cocoon-cri/test/registry"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
 )
@@ -150,4 +151,13 @@ func (r *testRegistry) resolve(t *testing.T, repoTag string) (*registrySession, 
 		t.Fatal(err)
 	}
 	return session, art
+}
+
+// snapshotLayouts are the snapshots the format tests go through: each hypervisor and image type,
+// a sparse COW disk, and a described snapshot with a guest file.
+var snapshotLayouts = map[string]testimage.SnapshotOptions{
+	"direct boot, sparse COW disk": {Name: "snap", ImageType: cocoon.ImageTypeOCI, NICs: 1},
+	"cloud image, qcow2 overlay":   {Name: "snap", ImageType: cocoon.ImageTypeCloudImg},
+	"firecracker":                  {Name: "snap", Hypervisor: cocoon.HypervisorFirecracker},
+	"described, with a guest file": {Name: "snap", CPU: 2, Description: "a described snapshot", Guest: guest.Spec{IgnorePowerButton: true}},
 }

@@ -53,17 +53,19 @@ type PushResult struct {
 // DigestRef is the tag with the manifest's digest, which names exactly what was pushed.
 func (r *PushResult) DigestRef() string { return r.Ref + "@" + r.Digest }
 
-// Push pushes a snapshot archive to a registry under ref, as the artifact a pull brings back as
-// the same snapshot (epoch's format, docs/images.md): a config blob with snapshot.json's
-// description and each file's mode and sparse records, and one layer per file, titled with its
-// name, in archive order. The archive is a file: what `cocoon snapshot export` writes, plain or
+// Push pushes a snapshot to a registry under ref, as the artifact a pull brings back as the same
+// snapshot (epoch's format, docs/images.md): a config blob with snapshot.json's description and
+// each file's mode and sparse records, and one layer per file, titled with its name, in archive
+// order. The snapshot at path is an archive file: what `cocoon snapshot export` writes, plain or
 // gzip-compressed, or a checkpoint archive (pkg/checkpoint), whose metadata becomes the manifest's
-// AnnotationCheckpoint rather than a file of the snapshot.
+// AnnotationCheckpoint rather than a file of the snapshot. Or it is a snapshot directory, as
+// `cocoon snapshot export --to-dir` writes it, pushed as the archive cocoon would export of it;
+// the container's directory of a pod checkpoint has its metadata from the checkpoint's PodFile.
 //
-// The reference and the whole archive are checked before anything is sent: a bad reference, a
-// missing file or one that is not a snapshot archive pushes nothing. Blobs the repository already
+// The reference and the whole snapshot are checked before anything is sent: a bad reference, a
+// missing file or one that is not a snapshot pushes nothing. Blobs the repository already
 // holds are not sent again; the manifest is put last, so a push that fails leaves no tag.
-func Push(ctx context.Context, archivePath, ref string, opts PushOptions) (*PushResult, error) {
+func Push(ctx context.Context, path, ref string, opts PushOptions) (*PushResult, error) {
 	tag, err := NormalizeTag(ref)
 	if err != nil {
 		return nil, err
@@ -76,15 +78,11 @@ func Push(ctx context.Context, archivePath, ref string, opts PushOptions) (*Push
 	if err != nil {
 		return nil, err
 	}
-	src, err := openArchive(archivePath)
+	scan, err := scanPushSource(path)
 	if err != nil {
 		return nil, err
 	}
-	defer src.Close() //nolint:errcheck // read only
-	scan, err := scanArchive(src)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", archivePath, err)
-	}
+	defer scan.close() //nolint:errcheck // read only
 	art, err := scan.artifact()
 	if err != nil {
 		return nil, err
@@ -106,8 +104,7 @@ func Push(ctx context.Context, archivePath, ref string, opts PushOptions) (*Push
 			opts.OnFile(f.name, f.size)
 		}
 		layer, err := partial.CompressedToLayer(&pushBlob{
-			mediaType: snapshotFileMediaType(f.name), digest: f.digest, size: f.size,
-			open: func() (io.ReadCloser, error) { return src.entry(f.offset, f.size) },
+			mediaType: snapshotFileMediaType(f.name), digest: f.digest, size: f.size, open: f.open,
 		})
 		if err == nil {
 			err = pusher.Upload(ctx, repo, layer)
@@ -154,7 +151,7 @@ type pushArtifact struct {
 }
 
 // artifact makes the config blob and the manifest of the scanned snapshot.
-func (s *scannedArchive) artifact() (*pushArtifact, error) {
+func (s *scannedSnapshot) artifact() (*pushArtifact, error) {
 	files := make(map[string]snapshotFile, len(s.files))
 	layers := make([]v1.Descriptor, 0, len(s.files))
 	for _, f := range s.files {

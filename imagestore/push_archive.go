@@ -156,28 +156,31 @@ func (e *gzipEntry) Close() error {
 	return nil
 }
 
-// scannedArchive is what the first read of an archive found.
-type scannedArchive struct {
+// scannedSnapshot is what the first read of a snapshot, archive or directory, found.
+type scannedSnapshot struct {
 	export cocoon.SnapshotExport
 	// created is snapshot.json's entry time: when cocoon wrote the archive.
 	created    time.Time
 	checkpoint *checkpoint.Metadata
-	files      []archiveFile
+	files      []scannedFile
+	// close ends the reads of the files.
+	close func() error
 }
 
-// archiveFile is one data file of the snapshot: where its bytes are and what its header says.
-type archiveFile struct {
+// scannedFile is one data file of the snapshot: what its header says, and how to read its bytes
+// again (open may be called more than once: an upload that is retried reads its file again).
+type scannedFile struct {
 	name   string
-	offset int64
 	size   int64
 	digest v1.Hash
 	record snapshotFile
+	open   func() (io.ReadCloser, error)
 }
 
 // scanArchive reads the archive through once: a checkpoint's metadata entry if there is one, then
 // a snapshot export, snapshot.json first, followed by regular files with plain names.
 // Every file is hashed; nothing is kept but its header's record and where its bytes are.
-func scanArchive(a *archiveSource) (*scannedArchive, error) {
+func scanArchive(a *archiveSource) (*scannedSnapshot, error) {
 	r, err := a.stream()
 	if err != nil {
 		return nil, err
@@ -191,7 +194,7 @@ func scanArchive(a *archiveSource) (*scannedArchive, error) {
 	if head, _ := br.Peek(len(qcow2Magic)); bytes.Equal(head, qcow2Magic) {
 		return nil, fmt.Errorf("a qcow2 disk image, not a cocoon snapshot archive: %w", ErrInvalid)
 	}
-	scan := &scannedArchive{checkpoint: md}
+	scan := &scannedSnapshot{checkpoint: md, close: a.Close}
 	// Offsets count from the tar stream's start: what the checkpoint's entry took, then what the
 	// tar reader took. archive/tar reads no further than a regular file's header before Next
 	// returns, so its count then is where the file's bytes start.
@@ -221,7 +224,8 @@ func scanArchive(a *archiveSource) (*scannedArchive, error) {
 		if err != nil {
 			return nil, err
 		}
-		file.offset = base + tc.n
+		offset, size := base+tc.n, file.size
+		file.open = func() (io.ReadCloser, error) { return a.entry(offset, size) }
 		h := sha256.New()
 		n, err := io.Copy(h, tr)
 		if err != nil {
@@ -240,11 +244,17 @@ func scanArchive(a *archiveSource) (*scannedArchive, error) {
 	return scan, nil
 }
 
-func (s *scannedArchive) readSnapshotJSON(hdr *tar.Header, r io.Reader) error {
+func (s *scannedSnapshot) readSnapshotJSON(hdr *tar.Header, r io.Reader) error {
 	if hdr.Name != snapshotManifest {
 		return fmt.Errorf("the archive starts with %q, not %s: not a cocoon snapshot archive: %w", hdr.Name, snapshotManifest, ErrInvalid)
 	}
-	if hdr.Typeflag != tar.TypeReg || hdr.Size > maxSnapshotJSON {
+	return s.decodeSnapshotJSON(hdr.Typeflag == tar.TypeReg, hdr.Size, hdr.ModTime, r)
+}
+
+// decodeSnapshotJSON reads snapshot.json, a regular file (isRegular) of size bytes written at
+// modTime: when cocoon exported the snapshot.
+func (s *scannedSnapshot) decodeSnapshotJSON(isRegular bool, size int64, modTime time.Time, r io.Reader) error {
+	if !isRegular || size > maxSnapshotJSON {
 		return fmt.Errorf("%s is not a regular file of at most %d bytes: %w", snapshotManifest, maxSnapshotJSON, ErrInvalid)
 	}
 	if err := json.NewDecoder(r).Decode(&s.export); err != nil {
@@ -254,7 +264,7 @@ func (s *scannedArchive) readSnapshotJSON(hdr *tar.Header, r io.Reader) error {
 		return fmt.Errorf("%s has version %d; cocoon archives have version %d: %w",
 			snapshotManifest, s.export.Version, cocoon.SnapshotExportVersion, ErrInvalid)
 	}
-	s.created = hdr.ModTime
+	s.created = modTime
 	if s.created.Unix() <= 0 {
 		s.created = time.Now()
 	}
@@ -264,33 +274,33 @@ func (s *scannedArchive) readSnapshotJSON(hdr *tar.Header, r io.Reader) error {
 // archiveFileOf checks one entry after snapshot.json: a regular file with a plain name, as cocoon
 // exports its snapshot directory, that a pull can make again from a layer. Anything else would be
 // dropped or refused by the pull, so the push refuses it.
-func archiveFileOf(hdr *tar.Header, seen map[string]bool) (archiveFile, error) {
+func archiveFileOf(hdr *tar.Header, seen map[string]bool) (scannedFile, error) {
 	switch {
 	case seen[hdr.Name]:
-		return archiveFile{}, fmt.Errorf("the archive has %s twice: %w", hdr.Name, ErrInvalid)
+		return scannedFile{}, fmt.Errorf("the archive has %s twice: %w", hdr.Name, ErrInvalid)
 	case hdr.Typeflag != tar.TypeReg:
-		return archiveFile{}, fmt.Errorf("%s in the archive is not a regular file (type %q); a snapshot holds files only: %w", hdr.Name, hdr.Typeflag, ErrInvalid)
+		return scannedFile{}, fmt.Errorf("%s in the archive is not a regular file (type %q); a snapshot holds files only: %w", hdr.Name, hdr.Typeflag, ErrInvalid)
 	case !plainFileName(hdr.Name):
-		return archiveFile{}, fmt.Errorf("%q in the archive is not a plain file name; a snapshot directory is flat: %w", hdr.Name, ErrInvalid)
+		return scannedFile{}, fmt.Errorf("%q in the archive is not a plain file name; a snapshot directory is flat: %w", hdr.Name, ErrInvalid)
 	}
-	file := archiveFile{name: hdr.Name, size: hdr.Size, record: snapshotFile{Mode: hdr.Mode}}
+	file := scannedFile{name: hdr.Name, size: hdr.Size, record: snapshotFile{Mode: hdr.Mode}}
 	for key := range hdr.PAXRecords {
 		// GNU sparse entries hold a map in their data, which a layer would take for the file's
 		// bytes; cocoon writes its own records instead. Records of cocoon's that the artifact
 		// format has no field for would be lost.
 		if strings.HasPrefix(key, "GNU.sparse.") || (strings.HasPrefix(key, "COCOON.") && key != paxSparseMap && key != paxSparseSize) {
-			return archiveFile{}, fmt.Errorf("%s in the archive has the PAX record %s, which a snapshot artifact cannot carry: %w", hdr.Name, key, ErrInvalid)
+			return scannedFile{}, fmt.Errorf("%s in the archive has the PAX record %s, which a snapshot artifact cannot carry: %w", hdr.Name, key, ErrInvalid)
 		}
 	}
 	sparseMap, hasMap := hdr.PAXRecords[paxSparseMap]
 	sparseSize, hasSize := hdr.PAXRecords[paxSparseSize]
 	if hasMap != hasSize {
-		return archiveFile{}, fmt.Errorf("%s in the archive has only one of %s and %s: %w", hdr.Name, paxSparseMap, paxSparseSize, ErrInvalid)
+		return scannedFile{}, fmt.Errorf("%s in the archive has only one of %s and %s: %w", hdr.Name, paxSparseMap, paxSparseSize, ErrInvalid)
 	}
 	if hasMap {
 		size, err := strconv.ParseInt(sparseSize, 10, 64)
 		if err != nil || size <= 0 || sparseMap == "" {
-			return archiveFile{}, fmt.Errorf("%s in the archive has the sparse records %s=%q, %s=%q: %w",
+			return scannedFile{}, fmt.Errorf("%s in the archive has the sparse records %s=%q, %s=%q: %w",
 				hdr.Name, paxSparseMap, sparseMap, paxSparseSize, sparseSize, ErrInvalid)
 		}
 		file.record.SparseMap, file.record.SparseSize = sparseMap, size

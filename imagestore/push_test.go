@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -28,8 +29,9 @@ import (
 
 	"github.com/cocoonstack/cocoon-cri/pkg/checkpoint"
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
+	"github.com/cocoonstack/cocoon-cri/pkg/sparse"
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
-	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
+	"github.com/cocoonstack/cocoon-cri/test/dirtree"
 	"github.com/cocoonstack/cocoon-cri/test/registry"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
 )
@@ -80,14 +82,8 @@ func (r *testRegistry) rebuild(t *testing.T, repoTag, localName string) ([]byte,
 // sparse records (the entries' time is the artifact's creation time, here the archive's own).
 func TestPushedSnapshotIsRebuiltByteForByte(t *testing.T) {
 	reg := newTestRegistry(t, "", "")
-	layouts := map[string]testimage.SnapshotOptions{
-		"direct boot, sparse COW disk": {Name: "snap", ImageType: cocoon.ImageTypeOCI, NICs: 1},
-		"cloud image, qcow2 overlay":   {Name: "snap", ImageType: cocoon.ImageTypeCloudImg},
-		"firecracker":                  {Name: "snap", Hypervisor: cocoon.HypervisorFirecracker},
-		"described, with a guest file": {Name: "snap", CPU: 2, Description: "a described snapshot", Guest: guest.Spec{IgnorePowerButton: true}},
-	}
 	i := 0
-	for name, opts := range layouts {
+	for name, opts := range snapshotLayouts {
 		for _, gzipped := range []bool{false, true} {
 			i++
 			t.Run(fmt.Sprintf("%s, gzip %v", name, gzipped), func(t *testing.T) {
@@ -249,6 +245,130 @@ func TestPushCheckpointArchive(t *testing.T) {
 	}
 }
 
+// A snapshot directory, as `cocoon snapshot export --to-dir` writes it, is pushed as the very
+// artifact of the archive cocoon would export of it: the same layers, sparse records and config,
+// so the same digest. The container's directory of a pod checkpoint carries its metadata from
+// pod.json, as the container's checkpoint archive does.
+func TestPushSnapshotDirectory(t *testing.T) {
+	reg := newTestRegistry(t, "", "")
+	ctx := context.Background()
+	i := 0
+	for name, opts := range snapshotLayouts {
+		i++
+		t.Run(name, func(t *testing.T) {
+			original := snapshotArchive(t, opts)
+			dir := filepath.Join(t.TempDir(), "snap")
+			extractSnapshot(t, original, dir)
+			fromArchive, err := Push(ctx, writeFile(t, "snap.tar", original, false), reg.ref(fmt.Sprintf("archive/snap%d:v1", i)), PushOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var announced []string
+			fromDir, err := Push(ctx, dir, reg.ref(fmt.Sprintf("dir/snap%d:v1", i)), PushOptions{OnFile: func(name string, _ int64) { announced = append(announced, name) }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fromDir.Digest != fromArchive.Digest || fromDir.Files != fromArchive.Files || fromDir.Bytes != fromArchive.Bytes || fromDir.Checkpoint != nil {
+				t.Fatalf("the directory pushed %+v, its archive %+v", fromDir, fromArchive)
+			}
+			if !slices.IsSorted(announced) || len(announced) != fromDir.Files || slices.Contains(announced, snapshotManifest) {
+				t.Fatalf("files pushed %v", announced)
+			}
+			rebuilt, _, _ := reg.rebuild(t, fmt.Sprintf("dir/snap%d:v1", i), opts.Name)
+			if !bytes.Equal(rebuilt, original) {
+				t.Fatalf("the rebuilt archive differs:\noriginal %s\nrebuilt  %s", describeTar(t, original), describeTar(t, rebuilt))
+			}
+		})
+	}
+
+	t.Run("a pod checkpoint's container", func(t *testing.T) {
+		export := snapshotArchive(t, testimage.SnapshotOptions{Name: "snap"})
+		md := &checkpoint.Metadata{
+			Version: checkpoint.FormatVersion, CreatedAt: time.Date(2026, 12, 2, 8, 0, 0, 0, time.UTC),
+			Pod:        checkpoint.Pod{Name: "web", Namespace: "default", UID: "u1", SandboxID: "s1"},
+			Container:  checkpoint.Container{Name: "app", ID: "c1", Image: "cocoon.local/app:v1"},
+			Hypervisor: cocoon.HypervisorCloudHypervisor, CPU: 1, MemoryBytes: 512 << 20,
+		}
+		var archive bytes.Buffer
+		if err := checkpoint.Write(&archive, md, func(w io.Writer) error { _, err := w.Write(export); return err }); err != nil {
+			t.Fatal(err)
+		}
+		pod := t.TempDir()
+		meta, err := json.Marshal(md)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(pod, checkpoint.PodFile), []byte(podJSON(`[{"name":"app","snapshot":"c1","metadata":`+string(meta)+`}]`)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		extractSnapshot(t, export, filepath.Join(pod, "c1"))
+		before := dirtree.Describe(t, pod)
+		fromArchive, err := Push(ctx, writeFile(t, "c1.tar", archive.Bytes(), false), reg.ref("checkpoints/web:archive"), PushOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fromDir, err := Push(ctx, filepath.Join(pod, "c1"), reg.ref("checkpoints/web:dir"), PushOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fromDir.Digest != fromArchive.Digest || !reflect.DeepEqual(fromDir.Checkpoint, md) {
+			t.Fatalf("the directory pushed %+v (checkpoint %+v), its archive %+v", fromDir, fromDir.Checkpoint, fromArchive)
+		}
+		if after := dirtree.Describe(t, pod); after != before {
+			t.Fatalf("the push changed the checkpoint:\nbefore %s\nafter  %s", before, after)
+		}
+	})
+}
+
+// extractSnapshot writes a snapshot archive's files into dir as cocoon keeps a snapshot directory:
+// a sparse entry's data at its segments in a file of its size, every file with its entry's mode
+// and time.
+func extractSnapshot(t *testing.T, archive []byte, dir string) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	tr := tar.NewReader(bytes.NewReader(archive))
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(dir, hdr.Name)
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, fs.FileMode(hdr.Mode).Perm())
+		if err != nil {
+			t.Fatal(err)
+		}
+		segments := []sparse.Segment{{Offset: 0, Length: hdr.Size}}
+		if m, ok := hdr.PAXRecords[paxSparseMap]; ok {
+			size, err := strconv.ParseInt(hdr.PAXRecords[paxSparseSize], 10, 64)
+			if err == nil {
+				err = json.Unmarshal([]byte(m), &segments)
+			}
+			if err == nil {
+				err = f.Truncate(size)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, s := range segments {
+			if _, err := io.CopyN(io.NewOffsetWriter(f, s.Offset), tr, s.Length); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(path, hdr.ModTime, hdr.ModTime); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // Settings of snapshot.json the artifact cannot carry are named, not lost silently.
 func TestPushNamesUncarriedSettings(t *testing.T) {
 	reg := newTestRegistry(t, "", "")
@@ -260,6 +380,32 @@ func TestPushNamesUncarriedSettings(t *testing.T) {
 	if !slices.Equal(res.Uncarried, []string{"shared_memory"}) {
 		t.Fatalf("uncarried %v", res.Uncarried)
 	}
+}
+
+// snapshotDirOf makes a directory of the test holding files, by name and content.
+func snapshotDirOf(t *testing.T, files map[string]string) string {
+	t.Helper()
+	return snapshotDirIn(t, t.TempDir(), "snap", files)
+}
+
+// snapshotDirIn makes the directory parent/name holding files, by name and content.
+func snapshotDirIn(t *testing.T, parent, name string, files map[string]string) string {
+	t.Helper()
+	dir := filepath.Join(parent, name)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for name, body := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// podJSON is a pod checkpoint's PodFile with these containers.
+func podJSON(containers string) string {
+	return `{"version":1,"pod":{"name":"web","namespace":"default"},"containers":` + containers + `}`
 }
 
 // tarEntry is one entry of a hand-made archive.
@@ -323,8 +469,36 @@ func TestPushRefusals(t *testing.T) {
 		ref  string
 		want string
 	}{
-		"missing file":              {path: func(t *testing.T) string { return filepath.Join(t.TempDir(), "nope.tar") }, want: "no such file"},
-		"directory":                 {path: func(t *testing.T) string { return t.TempDir() }, want: "not a regular file"},
+		"missing file":    {path: func(t *testing.T) string { return filepath.Join(t.TempDir(), "nope.tar") }, want: "no such file"},
+		"empty directory": {path: func(t *testing.T) string { return t.TempDir() }, want: "not a cocoon snapshot directory"},
+		"directory, old snapshot.json": {path: func(t *testing.T) string {
+			return snapshotDirOf(t, map[string]string{"snapshot.json": `{"config":{"name":"snap"},"version":9}`})
+		}, want: "has version 9"},
+		"directory with a directory": {path: func(t *testing.T) string {
+			dir := snapshotDirOf(t, map[string]string{"snapshot.json": snapshotJSON.body})
+			if err := os.Mkdir(filepath.Join(dir, "sub"), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			return dir
+		}, want: "sub is not a regular file"},
+		"directory with a symlink": {path: func(t *testing.T) string {
+			dir := snapshotDirOf(t, map[string]string{"snapshot.json": snapshotJSON.body})
+			if err := os.Symlink("/etc/passwd", filepath.Join(dir, "cow.raw")); err != nil {
+				t.Fatal(err)
+			}
+			return dir
+		}, want: "cow.raw is not a regular file"},
+		"a pod checkpoint": {path: func(t *testing.T) string {
+			return snapshotDirOf(t, map[string]string{checkpoint.PodFile: podJSON(`[{"name":"app","snapshot":"c1"},{"name":"side","archive":"c2.tar"}]`)})
+		}, want: "/c1 (container app), "},
+		"a directory its pod checkpoint does not name": {path: func(t *testing.T) string {
+			pod := snapshotDirOf(t, map[string]string{checkpoint.PodFile: podJSON(`[{"name":"app","snapshot":"c1"}]`)})
+			return snapshotDirIn(t, pod, "c2", map[string]string{"snapshot.json": snapshotJSON.body})
+		}, want: "does not hold this directory"},
+		"a container's directory without metadata": {path: func(t *testing.T) string {
+			pod := snapshotDirOf(t, map[string]string{checkpoint.PodFile: podJSON(`[{"name":"app","snapshot":"c1"}]`)})
+			return snapshotDirIn(t, pod, "c1", map[string]string{"snapshot.json": snapshotJSON.body})
+		}, want: `no checkpoint metadata of version 1 for container "app"`},
 		"empty file":                {path: func(t *testing.T) string { return writeFile(t, "a", nil, false) }, want: "no snapshot.json"},
 		"not a tar":                 {path: func(t *testing.T) string { return writeFile(t, "a", []byte(strings.Repeat("x", 2048)), false) }, want: "not a cocoon snapshot archive"},
 		"qcow2":                     {path: func(t *testing.T) string { return writeFile(t, "a", qcow2Disk(t), true) }, want: "qcow2"},
@@ -381,7 +555,7 @@ func TestPushRefusals(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Push = %v, want an error saying %q", err, tc.want)
 			}
-			if name != "missing file" && name != "directory" && !errors.Is(err, ErrInvalid) {
+			if name != "missing file" && !errors.Is(err, ErrInvalid) {
 				t.Fatalf("%v is not ErrInvalid", err)
 			}
 			if name == "missing file" && !errors.Is(err, fs.ErrNotExist) {
@@ -480,7 +654,7 @@ func TestArchiveSourceEntries(t *testing.T) {
 		// Backwards, and each while the one before is still open.
 		var open []io.ReadCloser
 		for _, f := range slices.Backward(scan.files) {
-			r, err := src.entry(f.offset, f.size)
+			r, err := f.open()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -495,7 +669,7 @@ func TestArchiveSourceEntries(t *testing.T) {
 		}
 		// Then in order, as a push reads them.
 		for _, f := range scan.files {
-			r, err := src.entry(f.offset, f.size)
+			r, err := f.open()
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -13,10 +13,7 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
-	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
-	"github.com/cocoonstack/cocoon-cri/test/cocoonsim/guest"
 	"github.com/cocoonstack/cocoon-cri/test/registry"
-	"github.com/cocoonstack/cocoon-cri/test/testimage"
 )
 
 // TestSnapshotArchiveIsRebuiltByteForByte: a snapshot pushed in epoch's format comes back as the
@@ -25,13 +22,7 @@ import (
 func TestSnapshotArchiveIsRebuiltByteForByte(t *testing.T) {
 	reg := newTestRegistry(t, "", "")
 	ctx := context.Background()
-	layouts := map[string]testimage.SnapshotOptions{
-		"direct boot, sparse COW disk": {Name: "snap", ImageType: cocoon.ImageTypeOCI, NICs: 1},
-		"cloud image, qcow2 overlay":   {Name: "snap", ImageType: cocoon.ImageTypeCloudImg},
-		"firecracker":                  {Name: "snap", Hypervisor: cocoon.HypervisorFirecracker},
-		"described, with a guest file": {Name: "snap", CPU: 2, Description: "a described snapshot", Guest: guest.Spec{IgnorePowerButton: true}},
-	}
-	for name, opts := range layouts {
+	for name, opts := range snapshotLayouts {
 		t.Run(name, func(t *testing.T) {
 			original := snapshotArchive(t, opts)
 			hdr, err := tar.NewReader(bytes.NewReader(original)).Next()

@@ -49,12 +49,14 @@ func newImageCommand(o *options) *cobra.Command {
 func newImagePushCommand(o *options) *cobra.Command {
 	var creds string
 	push := &cobra.Command{
-		Use:   "push [flags] ARCHIVE REF",
-		Short: "Push a cocoon snapshot archive or a checkpoint archive to a registry",
-		Long: "Push ARCHIVE to the registry under REF (a tag) as a cocoon snapshot artifact (epoch's format),\n" +
-			"which a pod with image REF on any node clones: ARCHIVE is what cocoon snapshot export writes,\n" +
-			"plain or gzip-compressed, or a cocoon-cri checkpoint archive, whose metadata goes into the\n" +
-			"manifest's io.cocoonstack.cri.checkpoint annotation. Prints REF@DIGEST.\n" +
+		Use:   "push [flags] ARCHIVE|DIRECTORY REF",
+		Short: "Push a cocoon snapshot or a checkpoint, archive or directory, to a registry",
+		Long: "Push a snapshot to the registry under REF (a tag) as a cocoon snapshot artifact (epoch's format),\n" +
+			"which a pod with image REF on any node clones. ARCHIVE is what cocoon snapshot export writes,\n" +
+			"plain or gzip-compressed, or a cocoon-cri checkpoint archive; DIRECTORY is what cocoon snapshot\n" +
+			"export --to-dir writes, or a container's directory in a pod checkpoint (CheckpointPod's\n" +
+			"OUTPUT/<container ID>). A checkpoint's metadata goes into the manifest's\n" +
+			"io.cocoonstack.cri.checkpoint annotation. Prints REF@DIGEST.\n" +
 			"Registries are reached as the daemon pulls (--registry-insecure, --registry-ca-file).\n" +
 			"Credentials come from --creds (or " + config.EnvName(envPrefix, "creds") + "), else from the docker\n" +
 			"config (DOCKER_CONFIG or ~/.docker/config.json) for REF's registry.",
@@ -70,7 +72,7 @@ func newImagePushCommand(o *options) *cobra.Command {
 	return push
 }
 
-func pushImage(ctx context.Context, cmd *cobra.Command, o *options, creds, archive, ref string) error {
+func pushImage(ctx context.Context, cmd *cobra.Command, o *options, creds, snapshot, ref string) error {
 	opts := imagestore.PushOptions{
 		Insecure: o.registryInsecure,
 		CAFile:   o.registryCAFile,
@@ -86,7 +88,7 @@ func pushImage(ctx context.Context, cmd *cobra.Command, o *options, creds, archi
 		}
 		opts.Credentials = imagestore.Credentials{Username: user, Password: password}
 	}
-	res, err := imagestore.Push(ctx, archive, ref, opts)
+	res, err := imagestore.Push(ctx, snapshot, ref, opts)
 	if err != nil {
 		return err
 	}

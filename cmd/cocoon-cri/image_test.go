@@ -11,6 +11,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
+	"github.com/cocoonstack/cocoon-cri/pkg/checkpoint"
 	"github.com/cocoonstack/cocoon-cri/pkg/config"
 	"github.com/cocoonstack/cocoon-cri/test/registry"
 	"github.com/cocoonstack/cocoon-cri/test/testimage"
@@ -78,6 +79,10 @@ func TestImagePush(t *testing.T) {
 	t.Setenv(config.EnvName(envPrefix, "creds"), "")
 
 	// Refusals: nothing printed, an error that says why.
+	podCheckpoint := t.TempDir()
+	if err := os.WriteFile(filepath.Join(podCheckpoint, checkpoint.PodFile), []byte(`{"version":1,"containers":[{"name":"app","snapshot":"c1"}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -85,6 +90,8 @@ func TestImagePush(t *testing.T) {
 		{[]string{path, reg.Host + "/team/snap:v4"}, "authentication"},
 		{[]string{filepath.Join(t.TempDir(), "missing.tar"), ref}, "no such file"},
 		{[]string{os.Args[0], ref}, "not a cocoon snapshot archive"},
+		{[]string{podCheckpoint, ref}, "a pod checkpoint; push each container's checkpoint under its own reference: " + filepath.Join(podCheckpoint, "c1") + " (container app)"},
+		{[]string{t.TempDir(), ref}, "not a cocoon snapshot directory"},
 		{[]string{path, reg.Host + "/Team/Snap"}, "image reference"},
 		{[]string{"--registry-insecure", "a/b", path, ref}, "insecure registry"},
 		{[]string{"--creds", ":pw", path, ref}, "USER[:PASSWORD]"},

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/cocoonstack/cocoon-cri/pkg/checkpoint"
 	"github.com/cocoonstack/cocoon-cri/pkg/cocoon"
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
 	"github.com/cocoonstack/cocoon-cri/test/dirtree"
@@ -60,7 +61,7 @@ func testPodCheckpointOfSnapshotDirectories(t *testing.T, hypervisor string) {
 		t.Fatalf("container is %s after the checkpoint", c.State)
 	}
 	entries, _ := os.ReadDir(out)
-	if names := dirNames(entries); !slices.Equal(names, []string{containerID, podCheckpointFile}) {
+	if names := dirNames(entries); !slices.Equal(names, []string{containerID, checkpoint.PodFile}) {
 		t.Fatalf("the checkpoint holds %q", names)
 	}
 	member := filepath.Join(out, containerID)
@@ -70,8 +71,8 @@ func testPodCheckpointOfSnapshotDirectories(t *testing.T, hypervisor string) {
 	if _, err := os.Stat(filepath.Join(member, "snapshot.json")); err != nil {
 		t.Fatalf("no snapshot.json in the container's directory: %v", err)
 	}
-	var pc podCheckpoint
-	data, err := os.ReadFile(filepath.Join(out, podCheckpointFile))
+	var pc checkpoint.PodCheckpoint
+	data, err := os.ReadFile(filepath.Join(out, checkpoint.PodFile))
 	if err == nil {
 		err = json.Unmarshal(data, &pc)
 	}
@@ -163,14 +164,14 @@ func TestPodCheckpointOfSnapshotDirectoriesRefusals(t *testing.T) {
 			t.Fatal(err)
 		}
 		if members != "" {
-			if err := os.WriteFile(filepath.Join(dir, podCheckpointFile), []byte(`{"version":1,"containers":`+members+`}`), 0o600); err != nil {
+			if err := os.WriteFile(filepath.Join(dir, checkpoint.PodFile), []byte(`{"version":1,"containers":`+members+`}`), 0o600); err != nil {
 				t.Fatal(err)
 			}
 		}
 		return dir
 	}
-	var pc podCheckpoint
-	data, _ := os.ReadFile(filepath.Join(out, podCheckpointFile))
+	var pc checkpoint.PodCheckpoint
+	data, _ := os.ReadFile(filepath.Join(out, checkpoint.PodFile))
 	if err := json.Unmarshal(data, &pc); err != nil {
 		t.Fatal(err)
 	}
@@ -194,7 +195,7 @@ func TestPodCheckpointOfSnapshotDirectoriesRefusals(t *testing.T) {
 		{"archive and directory", writePod(`[{"name":"app","archive":"a.tar","snapshot":"` + containerID + `","metadata":` + string(meta) + `}]`), codes.InvalidArgument},
 		{"no metadata", writePod(`[{"name":"app","snapshot":"` + containerID + `"}]`), codes.InvalidArgument},
 		{"directory outside", writePod(`[{"name":"app","snapshot":"..","metadata":` + string(meta) + `}]`), codes.InvalidArgument},
-		{"not a directory", writePod(`[{"name":"app","snapshot":"` + podCheckpointFile + `","metadata":` + string(meta) + `}]`), codes.InvalidArgument},
+		{"not a directory", writePod(`[{"name":"app","snapshot":"` + checkpoint.PodFile + `","metadata":` + string(meta) + `}]`), codes.InvalidArgument},
 	}
 	sandboxes := len(n.st.Sandboxes.List(nil))
 	held := n.net.held()
@@ -310,7 +311,7 @@ func TestRestartRemovesWhatAPodCheckpointLeft(t *testing.T) {
 		t.Fatal(err)
 	}
 	n.cocoon.duringSave = nil
-	if len(during) != 1 || !slices.Contains(during[0].Outputs, filepath.Join(out, podCheckpointFile)) || !slices.Contains(during[0].Outputs, filepath.Join(out, containerID)) {
+	if len(during) != 1 || !slices.Contains(during[0].Outputs, filepath.Join(out, checkpoint.PodFile)) || !slices.Contains(during[0].Outputs, filepath.Join(out, containerID)) {
 		t.Fatalf("the pod checkpoint's notes during the save: %+v", during)
 	}
 	if notes, _ := os.ReadDir(n.s.cfg.CheckpointJournal); len(notes) != 0 {
@@ -319,7 +320,7 @@ func TestRestartRemovesWhatAPodCheckpointLeft(t *testing.T) {
 
 	// What a crash before pod.json leaves: the note, and the container's directory in place.
 	crashed := t.TempDir()
-	if _, err := n.s.notePodCheckpoint(sandboxID, []string{filepath.Join(crashed, podCheckpointFile), filepath.Join(crashed, containerID)}); err != nil {
+	if _, err := n.s.notePodCheckpoint(sandboxID, []string{filepath.Join(crashed, checkpoint.PodFile), filepath.Join(crashed, containerID)}); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.CopyFS(filepath.Join(crashed, containerID), os.DirFS(filepath.Join(out, containerID))); err != nil {

@@ -252,7 +252,7 @@ func TestCheckpointPod(t *testing.T) {
 		t.Fatal(err)
 	}
 	entries, _ := os.ReadDir(out)
-	if len(entries) != 2 || entries[0].Name() != "c1.tar" /* the container ID */ || entries[1].Name() != podCheckpointFile {
+	if len(entries) != 2 || entries[0].Name() != "c1.tar" /* the container ID */ || entries[1].Name() != checkpoint.PodFile {
 		t.Fatalf("checkpoint directory holds %v", entries)
 	}
 	members, err := readPodCheckpoint(out, []*runtimeapi.ContainerConfig{{Metadata: &runtimeapi.ContainerMetadata{Name: "c1"}}})
@@ -328,18 +328,18 @@ func TestRestorePodRefusesWhatItCannotRestore(t *testing.T) {
 	}
 	before := fc.calls()
 	junk := t.TempDir()
-	if err := os.WriteFile(filepath.Join(junk, podCheckpointFile), []byte("not json"), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(junk, checkpoint.PodFile), []byte("not json"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	notArchive := t.TempDir()
-	if err := os.WriteFile(filepath.Join(notArchive, podCheckpointFile), []byte(`{"version":1,"containers":[{"name":"c1","archive":"c1.tar"}]}`), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(notArchive, checkpoint.PodFile), []byte(`{"version":1,"containers":[{"name":"c1","archive":"c1.tar"}]}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(notArchive, "c1.tar"), []byte("junk"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	escape := t.TempDir()
-	if err := os.WriteFile(filepath.Join(escape, podCheckpointFile), []byte(`{"version":1,"containers":[{"name":"c1","archive":"../c1.tar"}]}`), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(escape, checkpoint.PodFile), []byte(`{"version":1,"containers":[{"name":"c1","archive":"../c1.tar"}]}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	named := func(names ...string) []*runtimeapi.ContainerConfig {

@@ -17,31 +17,6 @@ import (
 	"github.com/cocoonstack/cocoon-cri/pkg/store"
 )
 
-// podCheckpointFile describes a pod checkpoint directory: the pod, and each of its containers as
-// a snapshot directory (<container ID>/, cocoon's snapshot export --to-dir) with its checkpoint
-// metadata, where cocoon can write and clone those (Capabilities.SnapshotDirs), and as a checkpoint
-// archive (<container ID>.tar, as CheckpointContainer writes it) elsewhere.
-const podCheckpointFile = "pod.json"
-
-// podCheckpoint is podCheckpointFile.
-type podCheckpoint struct {
-	Version        int                   `json:"version"`
-	CreatedAt      time.Time             `json:"createdAt"`
-	Pod            checkpoint.Pod        `json:"pod"`
-	RuntimeHandler string                `json:"runtimeHandler"`
-	Containers     []podCheckpointMember `json:"containers"`
-}
-
-type podCheckpointMember struct {
-	Name string `json:"name"`
-	// Archive is the container's checkpoint archive, a file name in the directory.
-	Archive string `json:"archive,omitempty"`
-	// Snapshot is the container's snapshot directory, a directory name in the directory, and
-	// Metadata what an archive's first entry would say of it.
-	Snapshot string               `json:"snapshot,omitempty"`
-	Metadata *checkpoint.Metadata `json:"metadata,omitempty"`
-}
-
 // CheckpointPod checkpoints a running VM pod into output_path: pod.json and one archive per
 // container. A pod of one VM is one consistent cut: cocoon pauses the VM for the capture and
 // resumes it before the call returns, on failure too. cocoon has no command that pauses a VM
@@ -146,7 +121,7 @@ func (s *Runtime) writePodCheckpoint(ctx context.Context, sb *store.Sandbox, mem
 	// Noted before anything is written, until pod.json is, or what was written is removed: a
 	// crash in between leaves nothing in the caller's directory once cocoon-cri is back, as a
 	// failure leaves nothing now.
-	outputs := []string{filepath.Join(dir, podCheckpointFile)}
+	outputs := []string{filepath.Join(dir, checkpoint.PodFile)}
 	for _, c := range members {
 		outputs = append(outputs, filepath.Join(dir, c.ID), filepath.Join(dir, c.ID+".tar"))
 	}
@@ -163,7 +138,7 @@ func (s *Runtime) writePodCheckpoint(ctx context.Context, sb *store.Sandbox, mem
 			}
 		}
 	}()
-	pc := podCheckpoint{
+	pc := checkpoint.PodCheckpoint{
 		Version: checkpoint.FormatVersion, CreatedAt: s.nowFunc().UTC(), RuntimeHandler: sb.RuntimeHandler,
 		Pod: checkpoint.Pod{
 			Name: sb.Config.Msg.GetMetadata().GetName(), Namespace: sb.Config.Msg.GetMetadata().GetNamespace(),
@@ -184,7 +159,7 @@ func (s *Runtime) writePodCheckpoint(ctx context.Context, sb *store.Sandbox, mem
 				return fmt.Errorf("container %s: %w", c.ID, err)
 			}
 			written = append(written, path)
-			pc.Containers = append(pc.Containers, podCheckpointMember{Name: name, Snapshot: c.ID, Metadata: md})
+			pc.Containers = append(pc.Containers, checkpoint.PodMember{Name: name, Snapshot: c.ID, Metadata: md})
 			continue
 		}
 		archive := c.ID + ".tar"
@@ -193,13 +168,13 @@ func (s *Runtime) writePodCheckpoint(ctx context.Context, sb *store.Sandbox, mem
 			return fmt.Errorf("container %s: %w", c.ID, err)
 		}
 		written = append(written, path)
-		pc.Containers = append(pc.Containers, podCheckpointMember{Name: name, Archive: archive})
+		pc.Containers = append(pc.Containers, checkpoint.PodMember{Name: name, Archive: archive})
 	}
 	data, err := json.MarshalIndent(pc, "", "  ")
 	if err != nil {
 		return err
 	}
-	path := filepath.Join(dir, podCheckpointFile)
+	path := filepath.Join(dir, checkpoint.PodFile)
 	written = append(written, path)
 	return writeFileSynced(path, data)
 }

@@ -112,13 +112,12 @@ func readPodCheckpoint(dir string, configs []*runtimeapi.ContainerConfig) ([]res
 	if dir == "" || !filepath.IsAbs(dir) {
 		return nil, invalid("checkpoint_path %q must be an absolute path of a pod checkpoint directory", dir)
 	}
-	data, err := os.ReadFile(filepath.Join(dir, podCheckpointFile))
-	if err != nil {
+	pc, err := checkpoint.ReadPod(dir)
+	switch {
+	case errors.Is(err, checkpoint.ErrInvalid):
+		return nil, invalid("%v", err)
+	case err != nil:
 		return nil, invalid("%s is not a cocoon-cri pod checkpoint: %v", dir, err)
-	}
-	var pc podCheckpoint
-	if err := json.Unmarshal(data, &pc); err != nil || pc.Version != checkpoint.FormatVersion || len(pc.Containers) == 0 {
-		return nil, invalid("%s is not a cocoon-cri pod checkpoint of version %d: %s unreadable", dir, checkpoint.FormatVersion, podCheckpointFile)
 	}
 	if len(configs) == 0 {
 		return nil, invalid("container_configs must configure the checkpoint's containers")
@@ -131,7 +130,7 @@ func readPodCheckpoint(dir string, configs []*runtimeapi.ContainerConfig) ([]res
 	seen := map[string]bool{}
 	for _, cfg := range configs {
 		name := cfg.GetMetadata().GetName()
-		i := slices.IndexFunc(pc.Containers, func(c podCheckpointMember) bool { return c.Name == name })
+		i := slices.IndexFunc(pc.Containers, func(c checkpoint.PodMember) bool { return c.Name == name })
 		switch {
 		case name == "":
 			return nil, invalid("every container config needs a metadata name")
@@ -159,21 +158,21 @@ func readPodCheckpoint(dir string, configs []*runtimeapi.ContainerConfig) ([]res
 
 // readPodCheckpointMember reads what a pod checkpoint holds of one container: its archive, or its
 // snapshot directory and the metadata pod.json gives it.
-func readPodCheckpointMember(dir string, pm podCheckpointMember) (restoreMember, error) {
+func readPodCheckpointMember(dir string, pm checkpoint.PodMember) (restoreMember, error) {
 	var m restoreMember
 	entry := cmp.Or(pm.Archive, pm.Snapshot)
 	switch {
 	case (pm.Archive == "") == (pm.Snapshot == ""):
-		return m, invalid("%s: container %q must name an archive or a snapshot directory", podCheckpointFile, pm.Name)
+		return m, invalid("%s: container %q must name an archive or a snapshot directory", checkpoint.PodFile, pm.Name)
 	case entry != filepath.Base(entry) || entry == "." || entry == "..":
-		return m, invalid("%s names %q outside its directory", podCheckpointFile, entry)
+		return m, invalid("%s names %q outside its directory", checkpoint.PodFile, entry)
 	case pm.Archive != "":
 		m.archive = filepath.Join(dir, pm.Archive)
 		md, err := readArchiveMetadata(m.archive)
 		m.meta = md
 		return m, err
 	case pm.Metadata == nil || pm.Metadata.Version != checkpoint.FormatVersion:
-		return m, invalid("%s: container %q has no checkpoint metadata of version %d", podCheckpointFile, pm.Name, checkpoint.FormatVersion)
+		return m, invalid("%s: container %q has no checkpoint metadata of version %d", checkpoint.PodFile, pm.Name, checkpoint.FormatVersion)
 	}
 	m.snapshot, m.meta = filepath.Join(dir, pm.Snapshot), pm.Metadata
 	data, err := os.ReadFile(filepath.Join(m.snapshot, snapshotEnvelopeFile))

@@ -31,8 +31,8 @@ const maxMetadataSize = 1 << 20
 // blockSize is tar's record unit: a header, and a file's data padded to it.
 const blockSize = 512
 
-// ErrInvalid marks an archive whose metadata is present but unreadable or of another version.
-var ErrInvalid = errors.New("invalid checkpoint archive")
+// ErrInvalid marks a checkpoint, archive or pod checkpoint, that cocoon-cri cannot read.
+var ErrInvalid = errors.New("invalid checkpoint")
 
 // Metadata says what a checkpoint holds and where it came from.
 type Metadata struct {

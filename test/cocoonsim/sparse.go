@@ -11,6 +11,8 @@ import (
 	"strconv"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cocoonstack/cocoon-cri/pkg/sparse"
 )
 
 // PAX keys of cocoon's sparse tar entries (utils/tar.go): the entry carries only the data
@@ -20,35 +22,6 @@ const (
 	paxSparseSize = "COCOON.sparse.size"
 	zeroBlockSize = 4096
 )
-
-type sparseSegment struct {
-	Offset int64 `json:"o"`
-	Length int64 `json:"l"`
-}
-
-// scanDataSegments lists f's data regions with SEEK_DATA/SEEK_HOLE.
-func scanDataSegments(f *os.File, size int64) ([]sparseSegment, error) {
-	var segments []sparseSegment
-	fd := int(f.Fd())
-	for offset := int64(0); offset < size; {
-		start, err := unix.Seek(fd, offset, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			break
-		}
-		if err != nil {
-			return nil, fmt.Errorf("seek_data at %d: %w", offset, err)
-		}
-		end, err := unix.Seek(fd, start, unix.SEEK_HOLE)
-		if errors.Is(err, unix.ENXIO) {
-			end = size
-		} else if err != nil {
-			return nil, fmt.Errorf("seek_hole at %d: %w", start, err)
-		}
-		segments = append(segments, sparseSegment{Offset: start, Length: end - start})
-		offset = end
-	}
-	return segments, nil
-}
 
 // reflinkCopy clones src to dst (FICLONE) where the filesystem can, and otherwise copies only
 // its data segments, keeping holes.
@@ -82,7 +55,7 @@ func copySegments(out, in *os.File, size int64) error {
 	if err := out.Truncate(size); err != nil {
 		return fmt.Errorf("truncate dst: %w", err)
 	}
-	segments, err := scanDataSegments(in, size)
+	segments, err := sparse.DataSegments(in, size)
 	if err != nil {
 		return err
 	}
@@ -145,35 +118,25 @@ func tarFile(tw *tar.Writer, path, name string) error {
 		return fmt.Errorf("tar header for %s: %w", path, err)
 	}
 	hdr.Name = name
-	segments := []sparseSegment{{Offset: 0, Length: fi.Size()}}
+	segments := []sparse.Segment{{Offset: 0, Length: fi.Size()}}
 	if fi.Size() > 0 {
-		if scanned, scanErr := scanDataSegments(f, fi.Size()); scanErr == nil && dataBytes(scanned) < fi.Size() {
+		if scanned, scanErr := sparse.DataSegments(f, fi.Size()); scanErr == nil && sparse.Bytes(scanned) < fi.Size() {
 			mapJSON, err := json.Marshal(scanned)
 			if err != nil {
 				return fmt.Errorf("marshal sparse map for %s: %w", path, err)
 			}
 			segments = scanned
-			hdr.Size = dataBytes(scanned)
+			hdr.Size = sparse.Bytes(scanned)
 			hdr.PAXRecords = map[string]string{paxSparseMap: string(mapJSON), paxSparseSize: strconv.FormatInt(fi.Size(), 10)}
 		}
 	}
 	if err := tw.WriteHeader(hdr); err != nil {
 		return fmt.Errorf("write header %s: %w", name, err)
 	}
-	for _, seg := range segments {
-		if _, err := io.Copy(tw, io.NewSectionReader(f, seg.Offset, seg.Length)); err != nil {
-			return fmt.Errorf("write data %s: %w", name, err)
-		}
+	if _, err := io.Copy(tw, sparse.Reader(f, segments)); err != nil {
+		return fmt.Errorf("write data %s: %w", name, err)
 	}
 	return nil
-}
-
-func dataBytes(segments []sparseSegment) int64 {
-	var n int64
-	for _, s := range segments {
-		n += s.Length
-	}
-	return n
 }
 
 // extractTar writes the regular-file entries of a flat archive into dir (directory parts of
@@ -214,7 +177,7 @@ func extractSparse(path string, r io.Reader, hdr *tar.Header, mapJSON string) er
 	if err != nil {
 		return fmt.Errorf("parse sparse size: %w", err)
 	}
-	var segments []sparseSegment
+	var segments []sparse.Segment
 	if err := json.Unmarshal([]byte(mapJSON), &segments); err != nil {
 		return fmt.Errorf("decode sparse map: %w", err)
 	}

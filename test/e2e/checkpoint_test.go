@@ -143,6 +143,22 @@ func TestRestorePodThroughTheCRI(t *testing.T) {
 		t.Errorf("the restore changed the checkpoint:\n%s\nwas:\n%s", after, checkpointed)
 	}
 
+	// The container's directory travels as an image too: pushed, pulled and run as a pod's image.
+	reg := n.registry(registry.Options{})
+	ref := reg.Host + "/e2e/pod-checkpoint:v1"
+	push := exec.Command("nsenter", "--net="+n.NodeNS, "--", bins.CocoonCRI, "image", "push", filepath.Join(dir, src), ref)
+	if out, err := push.CombinedOutput(); err != nil || !strings.Contains(string(out), "checkpoint of container app of pod") {
+		t.Fatalf("image push of the container's directory: %v: %s", err, out)
+	}
+	n.pull(ref)
+	_, pulled, _ := n.runningPod("pulled", ref)
+	if out := n.mustCrictl("exec", pulled, "sh", "-c", "cat /dev/shm/state; hostname"); out != "kept\npulled" {
+		t.Fatalf("the pushed directory's guest: %q", out)
+	}
+	if after := dirtree.Describe(t, dir); after != checkpointed {
+		t.Errorf("the push changed the checkpoint:\n%s\nwas:\n%s", after, checkpointed)
+	}
+
 	// A checkpoint whose containers the request does not name is refused and leaves no pod.
 	pods := n.mustCrictl("pods", "-q")
 	_, err = rt.RestorePod(ctx, &runtimeapi.RestorePodRequest{
