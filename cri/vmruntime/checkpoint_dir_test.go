@@ -111,6 +111,19 @@ func testPodCheckpointOfSnapshotDirectories(t *testing.T, hypervisor string) {
 		img.Snapshot.CPU != saved.VM.CPU || img.Snapshot.Memory != saved.VM.Memory || !c.VM.FromDir || c.VM.Source != member || c.VM.OnDemand {
 		t.Fatalf("restored container %+v, image %+v, %v", c, img, err)
 	}
+	// The directory is the checkpoint's, not the image filesystem's: the kubelet's image GC counts
+	// nothing for it, and the verbose status says what it takes.
+	status, err := n.s.ImageStatus(ctx, &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: c.ImageRef}, Verbose: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info imageInfo
+	if err := json.Unmarshal([]byte(status.GetInfo()["info"]), &info); err != nil || status.GetImage().GetSize() != 0 || img.Size <= 0 || info.DirBytes != img.Size || !info.FromDir {
+		t.Fatalf("image status %v, info %+v (%v); the directory takes %d bytes", status, info, err, img.Size)
+	}
+	if listed := n.s.listImages(&runtimeapi.ImageFilter{Image: &runtimeapi.ImageSpec{Image: c.ImageRef}}); len(listed) != 1 || listed[0].GetSize() != 0 {
+		t.Fatalf("ListImages %v", listed)
+	}
 	n.startContainer(restored)
 	c = n.container(restored)
 	vm, ok := n.cocoon.vm(c.VM.ID)

@@ -32,7 +32,18 @@ func criImage(img *store.Image) *runtimeapi.Image {
 		Id:          img.ID,
 		RepoTags:    img.RepoTags,
 		RepoDigests: img.RepoDigests,
-		Size:        uint64(img.Size),
+		Size:        imageFsBytes(img),
 		Spec:        &runtimeapi.ImageSpec{Image: img.ID},
 	}
+}
+
+// imageFsBytes is an image's size as the kubelet's image GC counts it: what removing the image
+// frees on the image filesystem (ImageFsInfo). A snapshot directory (a restored pod checkpoint's
+// container) is its owner's, outside cocoon, and its removal frees none of it: counted, it would
+// stop the GC before it had freed what the node needs. Its bytes are in the verbose status.
+func imageFsBytes(img *store.Image) uint64 {
+	if img.FromDir {
+		return 0
+	}
+	return uint64(img.Size)
 }

@@ -26,7 +26,11 @@ func (s *Runtime) ImageStatus(_ context.Context, req *runtimeapi.ImageStatusRequ
 	}
 	resp := &runtimeapi.ImageStatusResponse{Image: criImage(img)}
 	if req.GetVerbose() {
-		if resp.Info, err = verboseInfo(imageInfo{Kind: img.Kind, LocalName: img.LocalName, FromDir: img.FromDir, Snapshot: img.Snapshot}); err != nil {
+		info := imageInfo{Kind: img.Kind, LocalName: img.LocalName, FromDir: img.FromDir, Snapshot: img.Snapshot}
+		if img.FromDir {
+			info.DirBytes = img.Size
+		}
+		if resp.Info, err = verboseInfo(info); err != nil {
 			return nil, err
 		}
 	}
@@ -38,6 +42,9 @@ type imageInfo struct {
 	Kind      store.ImageKind `json:"kind"`
 	LocalName string          `json:"localName"`
 	// FromDir: LocalName is a snapshot directory outside cocoon (a pod checkpoint's container).
-	FromDir  bool                `json:"fromDir,omitempty"`
+	FromDir bool `json:"fromDir,omitempty"`
+	// DirBytes is what that directory's files take on disk, which the image's size leaves out
+	// (imageFsBytes).
+	DirBytes int64               `json:"dirBytes,omitempty"`
 	Snapshot *store.SnapshotInfo `json:"snapshot,omitempty"`
 }
