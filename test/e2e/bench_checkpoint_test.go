@@ -34,7 +34,8 @@ func TestBenchmarkCheckpoint(t *testing.T) {
 	n.mustCrictl("exec", src, "sh", "-c", "head -c 8388608 /dev/urandom > /dev/shm/ballast")
 
 	saveSeries := `cocoon_cri_cocoon_call_duration_seconds_sum{subcommand="snapshot save"}`
-	var whole, save, restore, restoredStart, plainStart, sameStart, sameRun []time.Duration
+	cniAddSeries := `cocoon_cri_cni_call_duration_seconds_sum{op="ADD"}`
+	var whole, save, restore, restoreCNI, restoredStart, plainStart, sameStart, sameRun []time.Duration
 	var size int64
 	for i := range checkpointRuns {
 		dir := filepath.Join(n.Dir, fmt.Sprintf("ckpt-%d", i))
@@ -51,6 +52,7 @@ func TestBenchmarkCheckpoint(t *testing.T) {
 		size = checkpointSize(t, dir, src)
 
 		cfg := n.podConfig(fmt.Sprintf("restored-%d", i), fmt.Sprintf("uid-restored-%d", i))
+		before = n.scrapeMetrics()
 		start = time.Now()
 		resp, err := rt.RestorePod(ctx, &runtimeapi.RestorePodRequest{
 			CheckpointPath: dir, Config: cfg, RuntimeHandler: "cocoon",
@@ -60,6 +62,7 @@ func TestBenchmarkCheckpoint(t *testing.T) {
 			t.Fatal(err)
 		}
 		restore = append(restore, time.Since(start))
+		restoreCNI = append(restoreCNI, secondsBetween(before, n.scrapeMetrics(), cniAddSeries))
 		ctr := resp.GetRestoredContainers()[0].GetContainerId()
 		status, err := rt.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: ctr})
 		if err != nil {
@@ -82,10 +85,11 @@ func TestBenchmarkCheckpoint(t *testing.T) {
 		}
 	}
 
-	restoreToRunning, beyondPlain := make([]time.Duration, len(restore)), make([]time.Duration, len(restore))
+	restoreToRunning, beyondPlain, beyondStart := make([]time.Duration, len(restore)), make([]time.Duration, len(restore)), make([]time.Duration, len(restore))
 	for i := range restore {
 		restoreToRunning[i] = restore[i] + restoredStart[i]
 		beyondPlain[i] = restoreToRunning[i] - sameRun[i]
+		beyondStart[i] = restoreToRunning[i] - restoreCNI[i] - sameStart[i]
 	}
 	var b strings.Builder
 	b.WriteString("## Checkpoint and restore\n\n")
@@ -101,12 +105,14 @@ func TestBenchmarkCheckpoint(t *testing.T) {
 	fmt.Fprintf(&b, "| CheckpointPod, whole | %s |\n", ms(quantile(whole, 0.5)))
 	fmt.Fprintf(&b, "| `snapshot save` within it (the guest paused at most this) | %s |\n", ms(quantile(save, 0.5)))
 	fmt.Fprintf(&b, "| RestorePod | %s |\n", ms(quantile(restore, 0.5)))
+	fmt.Fprintf(&b, "| the new sandbox's CNI ADD within it (the cluster's plugins) | %s |\n", ms(quantile(restoreCNI, 0.5)))
 	fmt.Fprintf(&b, "| restored StartContainer | %s |\n", ms(quantile(restoredStart, 0.5)))
 	fmt.Fprintf(&b, "| RestorePod + StartContainer | %s |\n", ms(quantile(restoreToRunning, 0.5)))
 	fmt.Fprintf(&b, "| plain StartContainer, the checkpoint's image | %s |\n", ms(quantile(sameStart, 0.5)))
 	fmt.Fprintf(&b, "| plain pod, RunPodSandbox to running, the checkpoint's image | %s |\n", ms(quantile(sameRun, 0.5)))
 	fmt.Fprintf(&b, "| plain StartContainer, the small test snapshot | %s |\n", ms(quantile(plainStart, 0.5)))
 	fmt.Fprintf(&b, "| RestorePod + StartContainer beyond the plain pod's RunPodSandbox to running, run by run | %s |\n", ms(quantile(beyondPlain, 0.5)))
+	fmt.Fprintf(&b, "| RestorePod + StartContainer, less its CNI ADD, beyond the plain StartContainer of the checkpoint's image, run by run | %s |\n", ms(quantile(beyondStart, 0.5)))
 	fmt.Fprintf(&b, "\nThe container's checkpoint: %.1f MiB. %s\n", float64(size)/(1<<20), criuVerdict())
 	if err := os.WriteFile(filepath.Join(out, "checkpoint.md"), []byte(b.String()), 0o644); err != nil {
 		t.Fatal(err)
