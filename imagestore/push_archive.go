@@ -163,6 +163,8 @@ type scannedSnapshot struct {
 	created    time.Time
 	checkpoint *checkpoint.Metadata
 	files      []scannedFile
+	// snapshotJSON is a directory's snapshot.json, as it is.
+	snapshotJSON []byte
 	// close ends the reads of the files.
 	close func() error
 }

@@ -247,8 +247,9 @@ func TestPushCheckpointArchive(t *testing.T) {
 
 // A snapshot directory, as `cocoon snapshot export --to-dir` writes it, is pushed as the very
 // artifact of the archive cocoon would export of it: the same layers, sparse records and config,
-// so the same digest. The container's directory of a pod checkpoint carries its metadata from
-// pod.json, as the container's checkpoint archive does.
+// so the same digest; and WriteSnapshotDir (what an import sends) writes that archive byte for
+// byte. The container's directory of a pod checkpoint carries its metadata from pod.json, as the
+// container's checkpoint archive does.
 func TestPushSnapshotDirectory(t *testing.T) {
 	reg := newTestRegistry(t, "", "")
 	ctx := context.Background()
@@ -277,6 +278,14 @@ func TestPushSnapshotDirectory(t *testing.T) {
 			rebuilt, _, _ := reg.rebuild(t, fmt.Sprintf("dir/snap%d:v1", i), opts.Name)
 			if !bytes.Equal(rebuilt, original) {
 				t.Fatalf("the rebuilt archive differs:\noriginal %s\nrebuilt  %s", describeTar(t, original), describeTar(t, rebuilt))
+			}
+			// What an import sends of the directory is the archive it was exported from.
+			var written bytes.Buffer
+			if err := WriteSnapshotDir(&written, dir); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(written.Bytes(), original) {
+				t.Fatalf("the directory's archive differs:\noriginal %s\nwritten  %s", describeTar(t, original), describeTar(t, written.Bytes()))
 			}
 		})
 	}
@@ -314,8 +323,15 @@ func TestPushSnapshotDirectory(t *testing.T) {
 		if fromDir.Digest != fromArchive.Digest || !reflect.DeepEqual(fromDir.Checkpoint, md) {
 			t.Fatalf("the directory pushed %+v (checkpoint %+v), its archive %+v", fromDir, fromDir.Checkpoint, fromArchive)
 		}
+		var written bytes.Buffer
+		if err := WriteSnapshotDir(&written, filepath.Join(pod, "c1")); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(written.Bytes(), archive.Bytes()) {
+			t.Fatalf("the directory's archive is not the container's checkpoint archive:\narchive %s\nwritten %s", describeTar(t, archive.Bytes()), describeTar(t, written.Bytes()))
+		}
 		if after := dirtree.Describe(t, pod); after != before {
-			t.Fatalf("the push changed the checkpoint:\nbefore %s\nafter  %s", before, after)
+			t.Fatalf("the push and the archive changed the checkpoint:\nbefore %s\nafter  %s", before, after)
 		}
 	})
 }

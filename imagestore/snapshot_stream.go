@@ -90,14 +90,20 @@ func snapshotEntryHeader(layer v1.Descriptor, file snapshotFile, modTime time.Ti
 	if !plainFileName(name) {
 		return nil, fmt.Errorf("snapshot layer %s has the title %q, not a file name: %w", layer.Digest, name, ErrInvalid)
 	}
-	// The mode comes from the registry: only permission bits pass, never setuid, setgid or sticky,
-	// whatever cocoon's extractor would make of them.
-	hdr := &tar.Header{Typeflag: tar.TypeReg, Name: name, Size: layer.Size, Mode: cmp.Or(file.Mode&0o777, 0o640), ModTime: modTime}
+	if file.SparseMap != "" && file.SparseSize <= 0 {
+		return nil, fmt.Errorf("snapshot file %s has a sparse map but no sparse size: %w", name, ErrInvalid)
+	}
+	return entryHeader(name, layer.Size, file, modTime), nil
+}
+
+// entryHeader is the tar header of a snapshot's file in cocoon's archive: size bytes of it follow,
+// its data segments alone when it has sparse records. The mode may come from a registry: only
+// permission bits pass, never setuid, setgid or sticky, whatever cocoon's extractor would make of
+// them.
+func entryHeader(name string, size int64, file snapshotFile, modTime time.Time) *tar.Header {
+	hdr := &tar.Header{Typeflag: tar.TypeReg, Name: name, Size: size, Mode: cmp.Or(file.Mode&0o777, 0o640), ModTime: modTime}
 	if file.SparseMap != "" {
-		if file.SparseSize <= 0 {
-			return nil, fmt.Errorf("snapshot file %s has a sparse map but no sparse size: %w", name, ErrInvalid)
-		}
 		hdr.PAXRecords = map[string]string{paxSparseMap: file.SparseMap, paxSparseSize: strconv.FormatInt(file.SparseSize, 10)}
 	}
-	return hdr, nil
+	return hdr
 }

@@ -3,6 +3,8 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -27,11 +29,13 @@ func newImageCommand(o *options) *cobra.Command {
 	cmd := &cobra.Command{Use: "image", Short: "Manage the images of a running cocoon-cri"}
 	var ref string
 	imp := &cobra.Command{
-		Use:   "import --ref REF FILE",
-		Short: "Import a cocoon snapshot archive or a qcow2 cloud image under a CRI image reference",
-		Long: "Import a cocoon snapshot archive (as cocoon snapshot export writes it) or a qcow2 cloud\n" +
-			"image, plain or gzip-compressed, into the cocoon-cri daemon on --socket, and record it under\n" +
-			"REF. Pods then use REF as their image: a snapshot is cloned, a cloud image is booted.\n" +
+		Use:   "import --ref REF FILE|DIRECTORY",
+		Short: "Import a cocoon snapshot, a checkpoint or a qcow2 cloud image under a CRI image reference",
+		Long: "Import a cocoon snapshot archive (as cocoon snapshot export writes it), a cocoon-cri checkpoint\n" +
+			"archive or a qcow2 cloud image, plain or gzip-compressed, into the cocoon-cri daemon on --socket,\n" +
+			"and record it under REF. A DIRECTORY is a snapshot directory (cocoon snapshot export --to-dir)\n" +
+			"or a container's directory in a pod checkpoint, sent as the archive cocoon would export of it.\n" +
+			"Pods then use REF as their image: a snapshot is cloned, a cloud image is booted.\n" +
 			"This is how images reach nodes without a registry.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -145,24 +149,40 @@ func formatBytes(n int64) string {
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
 
-// importImage hashes the file, then streams it to the daemon, which checks the digest as cocoon
-// reads it.
+// importImage hashes the image, then streams it to the daemon, which checks the digest as cocoon
+// reads it. A snapshot directory is sent as the archive cocoon would export of it, made once for
+// the digest and once more for the daemon: a directory that changes in between is refused.
 func importImage(cmd *cobra.Command, socket, ref, path string) error {
-	digest, err := imagestore.FileDigest(path)
+	info, err := os.Stat(path)
 	if err != nil {
 		return err
 	}
-	f, err := os.Open(path)
-	if err != nil {
+	write := func(w io.Writer) error { return imagestore.WriteSnapshotDir(w, path) }
+	if !info.IsDir() {
+		write = func(w io.Writer) error {
+			f, err := os.Open(path)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			_, err = io.Copy(w, f)
+			return err
+		}
+	}
+	h := sha256.New()
+	if err := write(h); err != nil {
 		return err
 	}
-	defer f.Close()
+	digest := "sha256:" + hex.EncodeToString(h.Sum(nil))
 	conn, err := dialDaemon(socket)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
-	id, err := vmruntime.ImportImage(cmd.Context(), conn, ref, digest, f)
+	pr, pw := io.Pipe()
+	defer pr.Close() // ends the writer when the daemon stops reading early
+	go func() { pw.CloseWithError(write(pw)) }()
+	id, err := vmruntime.ImportImage(cmd.Context(), conn, ref, digest, pr)
 	if err != nil {
 		return fmt.Errorf("import %s: %w", path, err)
 	}

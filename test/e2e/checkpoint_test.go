@@ -155,8 +155,14 @@ func TestRestorePodThroughTheCRI(t *testing.T) {
 	if out := n.mustCrictl("exec", pulled, "sh", "-c", "cat /dev/shm/state; hostname"); out != "kept\npulled" {
 		t.Fatalf("the pushed directory's guest: %q", out)
 	}
+	// And through an import, as the archive cocoon would export of it.
+	n.ImportImage("e2e/pod-checkpoint-imported:v1", filepath.Join(dir, src))
+	_, imported, _ := n.runningPod("imported", "e2e/pod-checkpoint-imported:v1")
+	if out := n.mustCrictl("exec", imported, "sh", "-c", "cat /dev/shm/state; hostname"); out != "kept\nimported" {
+		t.Fatalf("the imported directory's guest: %q", out)
+	}
 	if after := dirtree.Describe(t, dir); after != checkpointed {
-		t.Errorf("the push changed the checkpoint:\n%s\nwas:\n%s", after, checkpointed)
+		t.Errorf("the push and the import changed the checkpoint:\n%s\nwas:\n%s", after, checkpointed)
 	}
 
 	// A checkpoint whose containers the request does not name is refused and leaves no pod.

@@ -1,6 +1,8 @@
 package imagestore
 
 import (
+	"archive/tar"
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -25,7 +27,7 @@ func scanPushSource(path string) (*scannedSnapshot, error) {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
 	if info.IsDir() {
-		scan, err := scanSnapshotDir(path)
+		scan, err := scanSnapshotDir(path, true)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", path, err)
 		}
@@ -46,9 +48,10 @@ func scanPushSource(path string) (*scannedSnapshot, error) {
 // scanSnapshotDir reads a snapshot directory as `cocoon snapshot export --to-dir` writes it:
 // snapshot.json and the snapshot's files beside it, flat. Each file is taken as cocoon's export
 // archives it, in name order, a sparse one as its data segments with cocoon's sparse records, and
-// hashed; only those records and the segments are kept. The container's directory of a pod
-// checkpoint has the checkpoint's metadata from the checkpoint's PodFile.
-func scanSnapshotDir(dir string) (*scannedSnapshot, error) {
+// hashed when asked (a push names each file by its digest); only those records and the segments
+// are kept. The container's directory of a pod checkpoint has the checkpoint's metadata from the
+// checkpoint's PodFile.
+func scanSnapshotDir(dir string, hash bool) (*scannedSnapshot, error) {
 	dir, err := filepath.Abs(dir)
 	if err != nil {
 		return nil, err
@@ -79,7 +82,7 @@ func scanSnapshotDir(dir string) (*scannedSnapshot, error) {
 		case !plainFileName(e.Name()):
 			return nil, fmt.Errorf("%q is not a file name a snapshot artifact can carry: %w", e.Name(), ErrInvalid)
 		}
-		file, err := scanDirFile(filepath.Join(dir, e.Name()))
+		file, err := scanDirFile(filepath.Join(dir, e.Name()), hash)
 		if err != nil {
 			return nil, err
 		}
@@ -88,6 +91,7 @@ func scanSnapshotDir(dir string) (*scannedSnapshot, error) {
 	return scan, nil
 }
 
+// readSnapshotJSONFile reads a directory's snapshot.json, and keeps it as it is.
 func (s *scannedSnapshot) readSnapshotJSONFile(path string) error {
 	f, err := os.Open(path) //nolint:gosec // the snapshot directory the user names
 	if err != nil {
@@ -98,12 +102,21 @@ func (s *scannedSnapshot) readSnapshotJSONFile(path string) error {
 	if err != nil {
 		return err
 	}
-	return s.decodeSnapshotJSON(info.Mode().IsRegular(), info.Size(), info.ModTime(), f)
+	if !info.Mode().IsRegular() {
+		return fmt.Errorf("%s is not a regular file: %w", snapshotManifest, ErrInvalid)
+	}
+	raw, err := io.ReadAll(io.LimitReader(f, maxSnapshotJSON+1))
+	if err != nil {
+		return err
+	}
+	s.snapshotJSON = raw
+	return s.decodeSnapshotJSON(info.Mode().IsRegular(), int64(len(raw)), info.ModTime(), bytes.NewReader(raw))
 }
 
-// scanDirFile hashes one file of a snapshot directory as cocoon's export archives it: whole, or,
-// when it has holes, its data segments, with the map and the file's size as its sparse records.
-func scanDirFile(path string) (scannedFile, error) {
+// scanDirFile takes one file of a snapshot directory as cocoon's export archives it: whole, or,
+// when it has holes, its data segments, with the map and the file's size as its sparse records;
+// and hashes those bytes when asked.
+func scanDirFile(path string, hash bool) (scannedFile, error) {
 	f, err := os.Open(path) //nolint:gosec // a file of the snapshot directory the user names
 	if err != nil {
 		return scannedFile{}, err
@@ -129,11 +142,13 @@ func scanDirFile(path string) (scannedFile, error) {
 			file.record.SparseMap, file.record.SparseSize = string(sparseMap), info.Size()
 		}
 	}
-	h := sha256.New()
-	if n, err := io.Copy(h, sparse.Reader(f, segments)); err != nil || n != file.size {
-		return scannedFile{}, fmt.Errorf("read %s (%d of %d bytes): %v: %w", path, n, file.size, err, ErrInvalid)
+	if hash {
+		h := sha256.New()
+		if n, err := io.Copy(h, sparse.Reader(f, segments)); err != nil || n != file.size {
+			return scannedFile{}, fmt.Errorf("read %s (%d of %d bytes): %v: %w", path, n, file.size, err, ErrInvalid)
+		}
+		file.digest = v1.Hash{Algorithm: "sha256", Hex: hex.EncodeToString(h.Sum(nil))}
 	}
-	file.digest = v1.Hash{Algorithm: "sha256", Hex: hex.EncodeToString(h.Sum(nil))}
 	file.open = func() (io.ReadCloser, error) {
 		f, err := os.Open(path) //nolint:gosec // as above
 		if err != nil {
@@ -178,4 +193,53 @@ func podCheckpointNotPushed(dir string, pc *checkpoint.PodCheckpoint) error {
 		entries = append(entries, fmt.Sprintf("%s (container %s)", filepath.Join(dir, m.Snapshot+m.Archive), m.Name))
 	}
 	return fmt.Errorf("a pod checkpoint; push each container's checkpoint under its own reference: %s: %w", strings.Join(entries, ", "), ErrInvalid)
+}
+
+// WriteSnapshotDir writes the archive cocoon's export would write of a snapshot directory (cocoon's
+// snapshot export --to-dir): snapshot.json as it is, then the files in name order, sparse ones as
+// cocoon's sparse entries, every entry dated with snapshot.json's time, so that the same directory
+// gives the same bytes. The container's directory of a pod checkpoint gives that container's
+// checkpoint archive (pkg/checkpoint), its metadata from the checkpoint's PodFile. What
+// `cocoon-cri image import` sends of a directory; the directory is only read.
+func WriteSnapshotDir(w io.Writer, dir string) error {
+	scan, err := scanSnapshotDir(dir, false)
+	if err != nil {
+		return fmt.Errorf("%s: %w", dir, err)
+	}
+	export := func(w io.Writer) error {
+		tw := tar.NewWriter(w)
+		hdr := &tar.Header{Typeflag: tar.TypeReg, Name: snapshotManifest, Mode: 0o644, Size: int64(len(scan.snapshotJSON)), ModTime: scan.created}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		if _, err := tw.Write(scan.snapshotJSON); err != nil {
+			return err
+		}
+		for _, f := range scan.files {
+			if err := tw.WriteHeader(entryHeader(f.name, f.size, f.record, scan.created)); err != nil {
+				return err
+			}
+			if err := copyFileData(tw, f); err != nil {
+				return err
+			}
+		}
+		return tw.Close()
+	}
+	if scan.checkpoint != nil {
+		return checkpoint.Write(w, scan.checkpoint, export)
+	}
+	return export(w)
+}
+
+// copyFileData copies what a scanned file's entry holds.
+func copyFileData(w io.Writer, f scannedFile) error {
+	r, err := f.open()
+	if err != nil {
+		return err
+	}
+	defer r.Close() //nolint:errcheck // read only
+	if n, err := io.Copy(w, r); err != nil || n != f.size {
+		return fmt.Errorf("read %s (%d of %d bytes, has it changed?): %v", f.name, n, f.size, err)
+	}
+	return nil
 }
