@@ -58,7 +58,7 @@ func scanSnapshotDir(dir string, hash bool) (*scannedSnapshot, error) {
 	}
 	switch pc, err := checkpoint.ReadPod(dir); {
 	case err == nil:
-		return nil, podCheckpointNotPushed(dir, pc)
+		return nil, wholePodCheckpoint(dir, pc)
 	case !errors.Is(err, fs.ErrNotExist):
 		return nil, fmt.Errorf("%w: %w", err, ErrInvalid)
 	}
@@ -185,14 +185,14 @@ func podCheckpointOf(dir string) (*checkpoint.Metadata, error) {
 	return nil, fmt.Errorf("the pod checkpoint %s does not hold this directory as a container's: %w", parent, ErrInvalid)
 }
 
-// podCheckpointNotPushed refuses a whole pod checkpoint, naming what of it can be pushed: each
-// container's directory or archive, which a pod pulls as its image.
-func podCheckpointNotPushed(dir string, pc *checkpoint.PodCheckpoint) error {
+// wholePodCheckpoint refuses a whole pod checkpoint as one image, naming what of it can be one:
+// each container's directory or archive, which a pod runs as its image.
+func wholePodCheckpoint(dir string, pc *checkpoint.PodCheckpoint) error {
 	var entries []string
 	for _, m := range pc.Containers {
 		entries = append(entries, fmt.Sprintf("%s (container %s)", filepath.Join(dir, m.Snapshot+m.Archive), m.Name))
 	}
-	return fmt.Errorf("a pod checkpoint; push each container's checkpoint under its own reference: %s: %w", strings.Join(entries, ", "), ErrInvalid)
+	return fmt.Errorf("a whole pod checkpoint; give each container's checkpoint, under a reference of its own: %s: %w", strings.Join(entries, ", "), ErrInvalid)
 }
 
 // WriteSnapshotDir writes the archive cocoon's export would write of a snapshot directory (cocoon's

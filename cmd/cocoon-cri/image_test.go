@@ -90,7 +90,7 @@ func TestImagePush(t *testing.T) {
 		{[]string{path, reg.Host + "/team/snap:v4"}, "authentication"},
 		{[]string{filepath.Join(t.TempDir(), "missing.tar"), ref}, "no such file"},
 		{[]string{os.Args[0], ref}, "not a cocoon snapshot archive"},
-		{[]string{podCheckpoint, ref}, "a pod checkpoint; push each container's checkpoint under its own reference: " + filepath.Join(podCheckpoint, "c1") + " (container app)"},
+		{[]string{podCheckpoint, ref}, "a whole pod checkpoint; give each container's checkpoint, under a reference of its own: " + filepath.Join(podCheckpoint, "c1") + " (container app)"},
 		{[]string{t.TempDir(), ref}, "not a cocoon snapshot directory"},
 		{[]string{path, reg.Host + "/Team/Snap"}, "image reference"},
 		{[]string{"--registry-insecure", "a/b", path, ref}, "insecure registry"},
