@@ -69,7 +69,7 @@ func TestBenchmarkLifecycle(t *testing.T) {
 		"StartContainer, StopContainer, RemoveContainer, StopPodSandbox, RemovePodSandbox. From the daemon's metrics, "+
 		"read before and after each lifecycle: each RPC's time, and the part of it that was cocoon-cri's own, the rest "+
 		"having been spent waiting on cocoon and the CNI plugins (`cocoon_cri_rpc_own_duration_seconds`). Medians, in ms. "+
-		"Target: cocoon-cri's own cost at most 5 ms per lifecycle.\n\n", lifecycleRuns)
+		"Target: cocoon-cri's own cost at most 10 ms per lifecycle.\n\n", lifecycleRuns)
 	b.WriteString("| RPC | time | of which cocoon-cri's own | own, p90 |\n|---|---|---|---|\n")
 	for _, m := range lifecycleRPCs {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", m, ms(quantile(took[m], 0.5)), ms(quantile(own[m], 0.5)), ms(quantile(own[m], 0.9)))
