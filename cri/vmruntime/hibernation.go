@@ -371,7 +371,7 @@ func (s *Runtime) cannotHibernate(ctx context.Context, c *store.Container) strin
 	case err != nil:
 		return "" // cocoon's own answer decides
 	case !caps.Hibernate:
-		return fmt.Sprintf("cocoon %s has no vm hibernate (v0.5 and later have)", caps.Version)
+		return noHibernate(caps)
 	case c.VM.Share.Attached:
 		return "its volumes are shared with the guest over virtio-fs, and cocoon cannot save a VM with a share attached"
 	case len(mainCommand(c.Config.Msg)) > 0 && !c.MainDetached:

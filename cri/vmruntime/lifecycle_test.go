@@ -2,6 +2,7 @@ package vmruntime
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"slices"
 	"strings"
@@ -592,6 +593,26 @@ func TestStatusOnTheFakes(t *testing.T) {
 	}
 	if !strings.Contains(resp.GetInfo()["info"], `"cocoonBinary":"cocoon (in-process fake)"`) {
 		t.Errorf("verbose info %s", resp.GetInfo()["info"])
+	}
+	// What of a pod's state can move, as this cocoon allows it.
+	for _, tc := range []struct {
+		caps cocoon.Capabilities
+		want StateMobilityInfo
+	}{
+		{capsV05, StateMobilityInfo{PodCheckpoint: "snapshotDirectory", Hibernate: true}},
+		{capsV038, StateMobilityInfo{PodCheckpoint: "archive", HibernateUnavailable: "cocoon v0.3.8 has no vm hibernate (v0.5 and later have)"}},
+	} {
+		n.cocoon.setCaps(tc.caps)
+		resp, err := n.s.Status(ctx, &runtimeapi.StatusRequest{Verbose: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var info struct {
+			StateMobility StateMobilityInfo `json:"stateMobility"`
+		}
+		if err := json.Unmarshal([]byte(resp.GetInfo()["info"]), &info); err != nil || info.StateMobility != tc.want {
+			t.Errorf("cocoon %s: state mobility %+v (%v), want %+v", tc.caps.Version, info.StateMobility, err, tc.want)
+		}
 	}
 
 	n = newFakeNode(t, Config{})

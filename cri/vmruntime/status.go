@@ -2,6 +2,7 @@ package vmruntime
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -62,6 +63,9 @@ func (s *Runtime) Status(ctx context.Context, req *runtimeapi.StatusRequest) (*r
 		if pools := s.pools.info(); len(pools) > 0 {
 			info["warmPools"] = pools
 		}
+		if caps, err := s.cocoon.Capabilities(ctx); err == nil {
+			info["stateMobility"] = stateMobility(caps)
+		}
 		var err error
 		if resp.Info, err = verboseInfo(info); err != nil {
 			return nil, err
@@ -82,4 +86,33 @@ const probeTimeout = 5 * time.Second
 // newCocoonHealth answers "does cocoon run?" from a cocoon version call at most interval old.
 func newCocoonHealth(c Cocoon, interval time.Duration) *refresh.Value[*cocoon.VersionInfo] {
 	return refresh.New(interval, probeTimeout, c.Version)
+}
+
+// StateMobilityInfo tells an operator, in crictl info, how a VM pod's state moves with this
+// node's cocoon, before anything is tried. CheckpointContainer, RestorePod and forks work with
+// every cocoon cocoon-cri runs on (docs/checkpoint.md).
+type StateMobilityInfo struct {
+	// PodCheckpoint is what CheckpointPod writes of each container: "snapshotDirectory", cloned in
+	// place at the restore (cocoon v0.3.9 on), or "archive", imported into cocoon at the restore.
+	PodCheckpoint string `json:"podCheckpoint"`
+	// Hibernate: an idle VM pod can be hibernated and woken (docs/hibernation.md); if not,
+	// HibernateUnavailable says why.
+	Hibernate            bool   `json:"hibernate"`
+	HibernateUnavailable string `json:"hibernateUnavailable,omitempty"`
+}
+
+func stateMobility(caps cocoon.Capabilities) StateMobilityInfo {
+	info := StateMobilityInfo{PodCheckpoint: "archive", Hibernate: caps.Hibernate}
+	if caps.SnapshotDirs {
+		info.PodCheckpoint = "snapshotDirectory"
+	}
+	if !caps.Hibernate {
+		info.HibernateUnavailable = noHibernate(caps)
+	}
+	return info
+}
+
+// noHibernate says why cocoon cannot hibernate a VM.
+func noHibernate(caps cocoon.Capabilities) string {
+	return fmt.Sprintf("cocoon %s has no vm hibernate (v0.5 and later have)", caps.Version)
 }
