@@ -113,7 +113,11 @@ func TestRestorePodThroughTheCRI(t *testing.T) {
 	if _, err := rt.CheckpointPod(ctx, &runtimeapi.CheckpointPodRequest{PodSandboxId: srcPod, OutputPath: dir, ContainerIds: []string{src}}); err != nil {
 		t.Fatal(err)
 	}
-	// cocoon v0.5 exports the container into a snapshot directory, which the restore clones in place.
+	// cocoon v0.5 exports the container into a snapshot directory, which the restore clones in
+	// place, as crictl info says.
+	if format := field(n.inspect("info"), "info", "stateMobility", "podCheckpoint"); format != "snapshotDirectory" {
+		t.Errorf("crictl info's stateMobility.podCheckpoint on cocoon v0.5: %v", format)
+	}
 	if _, err := os.Stat(filepath.Join(dir, src, "snapshot.json")); err != nil {
 		t.Fatalf("the pod checkpoint holds no snapshot directory of the container: %v", err)
 	}
@@ -200,6 +204,10 @@ func readCheckpointMetadata(t *testing.T, path string) *checkpoint.Metadata {
 func TestCheckpointOnCocoon038(t *testing.T) {
 	t.Parallel()
 	n := oldCocoonNode(t)
+	// The node says up front what its cocoon allows: archives for a pod checkpoint, no hibernation.
+	if mobility := field(n.inspect("info"), "info", "stateMobility"); fmt.Sprint(mobility) != "map[hibernate:false hibernateUnavailable:cocoon v0.3.8 has no vm hibernate (v0.5 and later have) podCheckpoint:archive]" {
+		t.Errorf("crictl info's stateMobility on cocoon v0.3.8: %v", mobility)
+	}
 	_, src, _ := n.runningPod("old", snapRef)
 	archive := filepath.Join(n.Dir, "old-checkpoint.tar")
 	n.mustCrictl("checkpoint", "--export="+archive, src)
