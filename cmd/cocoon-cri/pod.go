@@ -10,10 +10,12 @@ import (
 	"github.com/cocoonstack/cocoon-cri/cri/vmruntime"
 )
 
-// newPodCommand is the operator's hibernate and wake of one VM pod on this node, through the
-// daemon on --socket (docs/hibernation.md).
+// newPodCommand is the operator's hibernate and wake of one VM pod on this node
+// (docs/hibernation.md), and its pod checkpoint and restore (docs/checkpoint.md), through the
+// daemon on --socket.
 func newPodCommand(o *options) *cobra.Command {
 	cmd := &cobra.Command{Use: "pod", Short: "Control the VM pods of a running cocoon-cri"}
+	cmd.AddCommand(newPodCheckpointCommand(o), newPodRestoreCommand(o))
 	for _, c := range []struct {
 		use, short string
 		do         func(context.Context, grpc.ClientConnInterface, string) (string, error)

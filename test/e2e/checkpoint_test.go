@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protojson"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/cocoonstack/cocoon-cri/pkg/checkpoint"
@@ -167,6 +168,24 @@ func TestRestorePodThroughTheCRI(t *testing.T) {
 	}
 	if after := dirtree.Describe(t, dir); after != checkpointed {
 		t.Errorf("the push and the import changed the checkpoint:\n%s\nwas:\n%s", after, checkpointed)
+	}
+
+	// The same from the command line: cocoon-cri pod checkpoint and pod restore.
+	cliDir := filepath.Join(n.Dir, "cli-checkpoint")
+	if out, err := exec.Command(bins.CocoonCRI, "pod", "checkpoint", "--socket", n.Socket, "default/src", cliDir).CombinedOutput(); err != nil || string(out) != cliDir+"\n" {
+		t.Fatalf("pod checkpoint: %v: %s", err, out)
+	}
+	podFile := filepath.Join(n.Dir, "cli-restored.json")
+	if data, err := protojson.Marshal(n.podConfig("cli-restored", "uid-cli-restored")); err != nil || os.WriteFile(podFile, data, 0o600) != nil {
+		t.Fatalf("pod config: %v", err)
+	}
+	out, err := exec.Command(bins.CocoonCRI, "pod", "restore", "--socket", n.Socket, "--start", cliDir, podFile).Output()
+	lines := strings.Fields(string(out))
+	if err != nil || len(lines) != 3 || lines[1] != "app" {
+		t.Fatalf("pod restore: %v: %q", err, out)
+	}
+	if got := n.mustCrictl("exec", lines[2], "sh", "-c", "cat /dev/shm/state; hostname"); got != "kept\ncli-restored" {
+		t.Fatalf("the guest restored from the command line: %q", got)
 	}
 
 	// A checkpoint whose containers the request does not name is refused and leaves no pod.
