@@ -122,10 +122,10 @@ func newPodRestoreCommand(o *options) *cobra.Command {
 		Long: "Make a new pod of the pod checkpoint in DIR through the daemon on --socket: RestorePod, with\n" +
 			"POD_CONFIG, a pod sandbox config in JSON as crictl runp takes it (its own name and uid). Each of\n" +
 			"the checkpoint's containers is configured by --container NAME=FILE (a container config in JSON\n" +
-			"as crictl create takes it), or else by its name alone. The JSON is the CRI messages' (snake or\n" +
-			"camel case names; an env's value, bytes in the CRI, in base64). The containers are CREATED; --start\n" +
-			"starts them, which resumes the checkpointed machines. Prints the pod sandbox's ID, then each\n" +
-			"container's as NAME ID.",
+			"as crictl create takes it), or else by its name alone, its log in NAME/0.log of the pod's\n" +
+			"log_directory. The JSON is the CRI messages': snake or camel case names, an env's value (bytes\n" +
+			"in the CRI) in base64. The containers are CREATED; --start starts them, which resumes the\n" +
+			"checkpointed machines. Prints the pod sandbox's ID, then each container's as NAME ID.",
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, cancel := context.WithTimeout(cmd.Context(), podCallTimeout)
@@ -170,7 +170,8 @@ func newPodRestoreCommand(o *options) *cobra.Command {
 }
 
 // restoreContainerConfigs configures each container of the checkpoint in dir: from the file given
-// for its name, else by its name alone. A file for a container the checkpoint lacks is refused.
+// for its name, else by its name alone, its log where the kubelet would put it (<name>/0.log in
+// the pod's log directory). A file for a container the checkpoint lacks is refused.
 func restoreContainerConfigs(dir string, files []string) ([]*runtimeapi.ContainerConfig, error) {
 	pc, err := checkpoint.ReadPod(dir)
 	if err != nil {
@@ -199,6 +200,10 @@ func restoreContainerConfigs(dir string, files []string) ([]*runtimeapi.Containe
 			}
 		} else {
 			cfg.Metadata = &runtimeapi.ContainerMetadata{Name: m.Name}
+			// Where the kubelet puts a container's log in its pod's log directory.
+			if filepath.IsLocal(m.Name) && filepath.Base(m.Name) == m.Name {
+				cfg.LogPath = filepath.Join(m.Name, "0.log")
+			}
 		}
 		configs = append(configs, cfg)
 	}

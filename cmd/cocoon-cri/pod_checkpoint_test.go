@@ -71,7 +71,7 @@ func TestRestoreContainerConfigs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(configs) != 2 || configs[0].GetMetadata().GetName() != "app" || configs[0].GetLogPath() != "" ||
+	if len(configs) != 2 || configs[0].GetMetadata().GetName() != "app" || configs[0].GetLogPath() != "app/0.log" ||
 		configs[1].GetMetadata().GetName() != "side" || configs[1].GetLogPath() != "side.log" || string(configs[1].GetEnvs()[0].GetValue()) != "1" {
 		t.Fatalf("configs %v", configs)
 	}
