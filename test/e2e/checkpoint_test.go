@@ -187,6 +187,10 @@ func TestRestorePodThroughTheCRI(t *testing.T) {
 	if got := n.mustCrictl("exec", lines[2], "sh", "-c", "cat /dev/shm/state; hostname"); got != "kept\ncli-restored" {
 		t.Fatalf("the guest restored from the command line: %q", got)
 	}
+	// Configured by its name alone, the container logs where the kubelet would have put its log.
+	if logPath := field(n.inspect("inspect", lines[2]), "status", "logPath"); logPath != filepath.Join(n.PodLogs, "default_cli-restored_uid-cli-restored", "app", "0.log") {
+		t.Errorf("the restored container's log path: %v", logPath)
+	}
 
 	// A checkpoint whose containers the request does not name is refused and leaves no pod.
 	pods := n.mustCrictl("pods", "-q")
