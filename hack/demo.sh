@@ -104,6 +104,17 @@ on_node "$bin/crictl" --runtime-endpoint "unix://$sock" --timeout 60s exec "$ctr
 crictl logs --tail 2 "$ctr"
 crictl stats "$ctr" | sed "s/\x1b\[2J\x1b\[H//"  # crictl clears the screen first
 
+step "Its state moves: the guest writes to its memory, the pod is checkpointed and restored as a new pod"
+on_node "$bin/crictl" --runtime-endpoint "unix://$sock" --timeout 60s exec "$ctr" sh -c 'echo "in memory since $(date -u +%T)" >/dev/shm/note'
+"$bin/cocoon-cri" pod checkpoint --socket "$sock" default/agent "$work/checkpoint"  # CheckpointPod
+ls "$work/checkpoint"
+sed 's/"agent"/"agent-restored"/g; s/demo-uid-1/demo-uid-3/' "$work/pod.json" >"$work/pod3.json"
+restored=$("$bin/cocoon-cri" pod restore --socket "$sock" --start "$work/checkpoint" "$work/pod3.json")  # RestorePod, StartContainer
+pod3=$(echo "$restored" | head -1)
+ctr3=$(echo "$restored" | awk '$1 == "sandbox" {print $2}')
+on_node "$bin/crictl" --runtime-endpoint "unix://$sock" --timeout 60s exec "$ctr3" \
+  sh -c 'echo "restored pod $(hostname), address $(ip -4 -o addr show scope global | awk "{print \$4}"): $(cat /dev/shm/note)"'
+
 step "A second pod, booted from a cloud image: its guest answers at the pod IP, from the node"
 # A clone keeps its snapshot's guest network configuration until reconfigured (docs/networking.md);
 # a booted VM takes the pod address from cocoon at boot.
@@ -128,7 +139,7 @@ crictl:   $bin/crictl --runtime-endpoint unix://$sock --image-endpoint unix://$s
 cocoon:   $bin/cocoon-sim --root-dir $cocoon_root --run-dir $cocoon_run --log-dir $cocoon_log vm list
 log:      $work/cocoon-cri.log
 node:     nsenter --net=$node_ns busybox nc $ip2 8080
-To stop:  $bin/crictl --runtime-endpoint unix://$sock rmp --force $pod $pod2; kill $daemon_pid;
+To stop:  $bin/crictl --runtime-endpoint unix://$sock rmp --force $pod $pod2 $pod3; kill $daemon_pid;
           umount $node_ns; rm -rf $work
 TXT
   exit 0
@@ -140,7 +151,7 @@ crictl inspect -o go-template --template 'state {{.status.state}}, exit code {{.
 crictl rm "$ctr" >/dev/null
 crictl stopp "$pod" >/dev/null
 crictl rmp "$pod" >/dev/null
-crictl rmp --force "$pod2" >/dev/null
+crictl rmp --force "$pod2" "$pod3" >/dev/null
 crictl pods
 cocoon vm list
 echo
