@@ -141,6 +141,15 @@ func TestRestartRemovesWhatACheckpointLeft(t *testing.T) {
 func TestCheckpointContainerRefusals(t *testing.T) {
 	s, fc := checkpointServer(t)
 	addContainer(t, s, &store.Container{ID: "c2", SandboxID: "pod1", State: store.ContainerExited})
+	// Running, but with what cocoon refuses to snapshot: a virtio-fs share, a hot-attached device.
+	addContainer(t, s, &store.Container{ID: "c3", SandboxID: "pod1", State: store.ContainerRunning, VM: store.VM{ID: "vm3", Share: store.Share{Attached: true}}})
+	addContainer(t, s, &store.Container{ID: "c4", SandboxID: "pod1", State: store.ContainerRunning, VM: store.VM{ID: "vm4"}})
+	if _, err := s.store.Containers.Modify("c4", func(r *store.Container) error {
+		r.Config.Msg.Devices = []*runtimeapi.Device{{HostPath: "/dev/vdb", ContainerPath: "/dev/data"}}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 	dir := t.TempDir()
 	existing := filepath.Join(dir, "existing.tar")
 	if err := os.WriteFile(existing, []byte("keep me"), 0o644); err != nil {
@@ -157,6 +166,8 @@ func TestCheckpointContainerRefusals(t *testing.T) {
 		{"unclean location", &runtimeapi.CheckpointContainerRequest{ContainerId: "c1", Location: dir + "/../x.tar"}, codes.InvalidArgument},
 		{"negative timeout", &runtimeapi.CheckpointContainerRequest{ContainerId: "c1", Location: filepath.Join(dir, "a.tar"), Timeout: -1}, codes.InvalidArgument},
 		{"not running", &runtimeapi.CheckpointContainerRequest{ContainerId: "c2", Location: filepath.Join(dir, "a.tar")}, codes.FailedPrecondition},
+		{"a share attached", &runtimeapi.CheckpointContainerRequest{ContainerId: "c3", Location: filepath.Join(dir, "a.tar")}, codes.FailedPrecondition},
+		{"a device attached", &runtimeapi.CheckpointContainerRequest{ContainerId: "c4", Location: filepath.Join(dir, "a.tar")}, codes.FailedPrecondition},
 		{"existing file", &runtimeapi.CheckpointContainerRequest{ContainerId: "c1", Location: existing}, codes.AlreadyExists},
 		{"missing directory", &runtimeapi.CheckpointContainerRequest{ContainerId: "c1", Location: filepath.Join(dir, "no", "a.tar")}, codes.InvalidArgument},
 	} {

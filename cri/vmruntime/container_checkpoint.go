@@ -91,6 +91,10 @@ func checkpointable(c *store.Container) error {
 	if c.VM.Share.Attached {
 		return precondition("container %s has directory volumes shared into its VM (virtio-fs), and cocoon refuses to snapshot a VM with a share attached (docs/checkpoint.md, what cannot be checkpointed)", c.ID)
 	}
+	// Every device a VM takes is a disk or a PCI device hot-attached at its start (attachDevices).
+	if devs := c.Config.Msg.GetDevices(); len(devs) > 0 {
+		return precondition("container %s has host devices hot-attached to its VM (%s), and cocoon refuses to snapshot a VM with a hot-attached disk or PCI device (docs/checkpoint.md, what cannot be checkpointed)", c.ID, devs[0].GetHostPath())
+	}
 	return nil
 }
 
