@@ -323,6 +323,11 @@ func TestPushSnapshotDirectory(t *testing.T) {
 		if fromDir.Digest != fromArchive.Digest || !reflect.DeepEqual(fromDir.Checkpoint, md) {
 			t.Fatalf("the directory pushed %+v (checkpoint %+v), its archive %+v", fromDir, fromDir.Checkpoint, fromArchive)
 		}
+		// The pod checkpoint of one container is that container's.
+		fromPod, err := Push(ctx, pod, reg.ref("checkpoints/web:pod"), PushOptions{})
+		if err != nil || fromPod.Digest != fromArchive.Digest {
+			t.Fatalf("the pod checkpoint pushed %+v, %v; its container's archive %s", fromPod, err, fromArchive.Digest)
+		}
 		var written bytes.Buffer
 		if err := WriteSnapshotDir(&written, filepath.Join(pod, "c1")); err != nil {
 			t.Fatal(err)
@@ -507,6 +512,12 @@ func TestPushRefusals(t *testing.T) {
 		"a pod checkpoint": {path: func(t *testing.T) string {
 			return snapshotDirOf(t, map[string]string{checkpoint.PodFile: podJSON(`[{"name":"app","snapshot":"c1"},{"name":"side","archive":"c2.tar"}]`)})
 		}, want: "/c1 (container app), "},
+		"a pod checkpoint naming an entry outside it": {path: func(t *testing.T) string {
+			return snapshotDirOf(t, map[string]string{checkpoint.PodFile: podJSON(`[{"name":"app","snapshot":"../c1"}]`)})
+		}, want: `container "app" names no entry of the directory`},
+		"an unreadable pod.json": {path: func(t *testing.T) string {
+			return snapshotDirOf(t, map[string]string{checkpoint.PodFile: "junk"})
+		}, want: "is not a cocoon-cri pod checkpoint of version 1"},
 		"a directory its pod checkpoint does not name": {path: func(t *testing.T) string {
 			pod := snapshotDirOf(t, map[string]string{checkpoint.PodFile: podJSON(`[{"name":"app","snapshot":"c1"}]`)})
 			return snapshotDirIn(t, pod, "c2", map[string]string{"snapshot.json": snapshotJSON.body})

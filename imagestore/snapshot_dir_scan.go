@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
@@ -22,6 +23,10 @@ import (
 
 // scanPushSource reads what Push was given through once: a snapshot directory, or an archive.
 func scanPushSource(path string) (*scannedSnapshot, error) {
+	path, err := PodCheckpointEntry(path)
+	if err != nil {
+		return nil, err
+	}
 	info, err := os.Stat(path)
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
@@ -183,6 +188,28 @@ func podCheckpointOf(dir string) (*checkpoint.Metadata, error) {
 		return m.Metadata, nil
 	}
 	return nil, fmt.Errorf("the pod checkpoint %s does not hold this directory as a container's: %w", parent, ErrInvalid)
+}
+
+// PodCheckpointEntry is what of path a push or an import takes: path itself, unless it is a pod
+// checkpoint directory (CheckpointPod's output_path), whose one container's entry, its snapshot
+// directory or archive, it then is. A pod checkpoint of several containers is refused, naming
+// each entry: they are images of their own.
+func PodCheckpointEntry(path string) (string, error) {
+	pc, err := checkpoint.ReadPod(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR):
+		return path, nil
+	case err != nil:
+		return "", fmt.Errorf("%w: %w", err, ErrInvalid)
+	case len(pc.Containers) > 1:
+		return "", wholePodCheckpoint(path, pc)
+	}
+	m := pc.Containers[0]
+	entry := m.Snapshot + m.Archive
+	if (m.Snapshot == "") == (m.Archive == "") || !plainFileName(entry) {
+		return "", fmt.Errorf("%s: container %q names no entry of the directory: %w", filepath.Join(path, checkpoint.PodFile), m.Name, ErrInvalid)
+	}
+	return filepath.Join(path, entry), nil
 }
 
 // wholePodCheckpoint refuses a whole pod checkpoint as one image, naming what of it can be one:

@@ -34,7 +34,7 @@ func newImageCommand(o *options) *cobra.Command {
 		Long: "Import a cocoon snapshot archive (as cocoon snapshot export writes it), a cocoon-cri checkpoint\n" +
 			"archive or a qcow2 cloud image, plain or gzip-compressed, into the cocoon-cri daemon on --socket,\n" +
 			"and record it under REF. A DIRECTORY is a snapshot directory (cocoon snapshot export --to-dir)\n" +
-			"or a container's directory in a pod checkpoint, sent as the archive cocoon would export of it.\n" +
+			"or a pod checkpoint (or its container's entry), sent as the archive cocoon would export of it.\n" +
 			"Pods then use REF as their image: a snapshot is cloned, a cloud image is booted.\n" +
 			"This is how images reach nodes without a registry.",
 		Args: cobra.ExactArgs(1),
@@ -58,7 +58,7 @@ func newImagePushCommand(o *options) *cobra.Command {
 		Long: "Push a snapshot to the registry under REF (a tag) as a cocoon snapshot artifact (epoch's format),\n" +
 			"which a pod with image REF on any node clones. ARCHIVE is what cocoon snapshot export writes,\n" +
 			"plain or gzip-compressed, or a cocoon-cri checkpoint archive; DIRECTORY is what cocoon snapshot\n" +
-			"export --to-dir writes, or a container's directory in a pod checkpoint (CheckpointPod's\n" +
+			"export --to-dir writes, or a pod checkpoint (CheckpointPod's OUTPUT, or its container's entry\n" +
 			"OUTPUT/<container ID>). A checkpoint's metadata goes into the manifest's\n" +
 			"io.cocoonstack.cri.checkpoint annotation. Prints REF@DIGEST.\n" +
 			"Registries are reached as the daemon pulls (--registry-insecure, --registry-ca-file).\n" +
@@ -153,6 +153,10 @@ func formatBytes(n int64) string {
 // reads it. A snapshot directory is sent as the archive cocoon would export of it, made once for
 // the digest and once more for the daemon: a directory that changes in between is refused.
 func importImage(cmd *cobra.Command, socket, ref, path string) error {
+	path, err := imagestore.PodCheckpointEntry(path)
+	if err != nil {
+		return err
+	}
 	info, err := os.Stat(path)
 	if err != nil {
 		return err

@@ -80,7 +80,7 @@ func TestImagePush(t *testing.T) {
 
 	// Refusals: nothing printed, an error that says why.
 	podCheckpoint := t.TempDir()
-	if err := os.WriteFile(filepath.Join(podCheckpoint, checkpoint.PodFile), []byte(`{"version":1,"containers":[{"name":"app","snapshot":"c1"}]}`), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(podCheckpoint, checkpoint.PodFile), []byte(`{"version":1,"containers":[{"name":"app","snapshot":"c1"},{"name":"side","snapshot":"c2"}]}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {

@@ -33,7 +33,7 @@ func newPodCheckpointCommand(o *options) *cobra.Command {
 			"running container of the pod, which writes pod.json and each container's checkpoint there.\n" +
 			"POD is NAMESPACE/NAME of a ready pod, or its sandbox ID (or a unique prefix of it). DIR is\n" +
 			"made (mode 0700) when it does not exist, and must be empty. `cocoon-cri pod restore DIR`\n" +
-			"makes a new pod of it; `cocoon-cri image push DIR/<container ID> REF` moves a container of it.",
+			"makes a new pod of it; `cocoon-cri image push DIR REF` moves it through a registry.",
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, cancel := context.WithTimeout(cmd.Context(), podCallTimeout)

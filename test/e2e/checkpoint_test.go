@@ -160,8 +160,9 @@ func TestRestorePodThroughTheCRI(t *testing.T) {
 	if out := n.mustCrictl("exec", pulled, "sh", "-c", "cat /dev/shm/state; hostname"); out != "kept\npulled" {
 		t.Fatalf("the pushed directory's guest: %q", out)
 	}
-	// And through an import, as the archive cocoon would export of it.
-	n.ImportImage("e2e/pod-checkpoint-imported:v1", filepath.Join(dir, src))
+	// And through an import, as the archive cocoon would export of it: the pod checkpoint of one
+	// container is that container's.
+	n.ImportImage("e2e/pod-checkpoint-imported:v1", dir)
 	_, imported, _ := n.runningPod("imported", "e2e/pod-checkpoint-imported:v1")
 	if out := n.mustCrictl("exec", imported, "sh", "-c", "cat /dev/shm/state; hostname"); out != "kept\nimported" {
 		t.Fatalf("the imported directory's guest: %q", out)
